@@ -1,0 +1,1 @@
+"""Framework front ends for stager's pipeline (Chainer, PyTorch)."""

@@ -1,0 +1,195 @@
+"""The list of samples: relative path, size in bytes, optional integer label.
+
+Paths are held as one UTF-8 blob plus offsets and sizes/labels as numpy
+arrays, so a catalog of millions of samples is a few arrays (cheap to keep,
+pickle and broadcast) rather than millions of Python objects.
+"""
+
+import os
+import posixpath
+
+import numpy as np
+
+from .errors import CatalogError
+
+
+def check_relpath(rel, where):
+    """Rejects a path that could point outside the dataset root.
+
+    Args:
+        rel: The path as written in the listing.
+        where: Description of its origin for the error, e.g. ``"manifest.tsv:12"``.
+
+    Returns:
+        The normalised relative path.
+
+    Raises:
+        CatalogError: If the path is empty, absolute or climbs with ``..``.
+    """
+    if not rel:
+        raise CatalogError(f"{where}: empty path")
+    if rel.startswith("/") or os.path.isabs(rel):
+        raise CatalogError(f"{where}: absolute path {rel!r} not allowed; paths are relative to the dataset root")
+    if ".." in rel.split("/"):
+        raise CatalogError(f"{where}: path {rel!r} contains '..'; paths must stay inside the dataset root")
+    return posixpath.normpath(rel)
+
+
+class Catalog:
+    """An immutable list of samples under one root.
+
+    Args:
+        root: Dataset root directory.
+        paths: Relative paths.
+        sizes: Size of each file in bytes.
+        labels: Integer label per sample, or None.
+    """
+
+    def __init__(self, root, paths, sizes, labels=None):
+        self.root = os.path.abspath(root)
+        encoded = [p.encode("utf-8") for p in paths]
+        self._blob = b"".join(encoded)
+        self._offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
+        np.cumsum([len(e) for e in encoded], out=self._offsets[1:])
+        self.sizes = np.asarray(sizes, dtype=np.int64)
+        self.labels = None if labels is None else np.asarray(labels, dtype=np.int64)
+        if len(self.sizes) != len(encoded) or (self.labels is not None and len(self.labels) != len(encoded)):
+            raise CatalogError("catalog arrays differ in length")
+        if not encoded:
+            raise CatalogError(f"dataset at {self.root} has no samples")
+
+    def __len__(self):
+        return len(self.sizes)
+
+    def path(self, index):
+        """Returns the relative path of sample ``index``."""
+        return self._blob[self._offsets[index]:self._offsets[index + 1]].decode("utf-8")
+
+    def paths(self):
+        """Returns all relative paths as a list."""
+        return [self.path(i) for i in range(len(self))]
+
+    def label(self, index):
+        """Returns the label of sample ``index``, or None for unlabelled data."""
+        return None if self.labels is None else int(self.labels[index])
+
+    @property
+    def total_bytes(self):
+        return int(self.sizes.sum())
+
+    def __eq__(self, other):
+        return (isinstance(other, Catalog) and self.root == other.root and self._blob == other._blob
+                and np.array_equal(self._offsets, other._offsets) and np.array_equal(self.sizes, other.sizes)
+                and (self.labels is None) == (other.labels is None)
+                and (self.labels is None or np.array_equal(self.labels, other.labels)))
+
+    @classmethod
+    def from_manifest(cls, root, manifest):
+        """Reads a manifest: one relative path per line, optional label after a tab.
+
+        Blank lines and lines starting with ``#`` are skipped. Every listed file
+        is checked to exist inside the root, and its size is recorded.
+
+        Args:
+            root: Dataset root.
+            manifest: Manifest file; relative paths are taken from ``root``.
+
+        Raises:
+            CatalogError: Naming the manifest line at fault.
+        """
+        manifest = manifest if os.path.isabs(manifest) else os.path.join(root, manifest)
+        real_root = os.path.realpath(root)
+        try:
+            with open(manifest, encoding="utf-8") as fh:
+                lines = fh.read().splitlines()
+        except OSError as exc:
+            raise CatalogError(f"cannot read manifest {manifest}: {exc.strerror}") from None
+        paths, sizes, labels = [], [], []
+        labelled = None
+        for number, line in enumerate(lines, 1):
+            if not line.strip() or line.startswith("#"):
+                continue
+            where = f"{manifest}:{number}"
+            fields = line.split("\t")
+            if len(fields) > 2:
+                raise CatalogError(f"{where}: expected 'path' or 'path<TAB>label', got {len(fields)} fields")
+            rel = check_relpath(fields[0], where)
+            full = os.path.join(real_root, rel)
+            real = os.path.realpath(full)
+            if os.path.commonpath([real, real_root]) != real_root:
+                raise CatalogError(f"{where}: {rel!r} resolves to {real}, outside the dataset root {real_root}")
+            try:
+                st = os.stat(real)
+            except OSError as exc:
+                raise CatalogError(f"{where}: sample {rel!r} not readable: {exc.strerror}") from None
+            if not os.path.isfile(real):
+                raise CatalogError(f"{where}: sample {rel!r} is not a regular file")
+            has_label = len(fields) == 2
+            if labelled is None:
+                labelled = has_label
+            elif labelled != has_label:
+                raise CatalogError(f"{where}: every line needs a label or none does; this line "
+                                   f"{'has' if has_label else 'has no'} label, earlier lines differ")
+            if has_label:
+                try:
+                    labels.append(int(fields[1]))
+                except ValueError:
+                    raise CatalogError(f"{where}: label {fields[1]!r} is not an integer") from None
+            paths.append(rel)
+            sizes.append(st.st_size)
+        if not paths:
+            raise CatalogError(f"manifest {manifest} lists no samples")
+        return cls(root, paths, sizes, labels if labelled else None)
+
+    @classmethod
+    def from_directory(cls, root, extensions=()):
+        """Scans a directory tree once.
+
+        Hidden files and directories are skipped. When every sample lies in a
+        first-level subdirectory (the ImageNet layout), those directories are
+        the classes: labels are their indices in sorted order.
+
+        Args:
+            root: Dataset root.
+            extensions: Keep only files ending in one of these; empty keeps all.
+
+        Raises:
+            CatalogError: If the root is missing or holds no samples, or a
+                symbolic link points outside it.
+        """
+        if not os.path.isdir(root):
+            raise CatalogError(f"dataset root {root} is not a directory")
+        real_root = os.path.realpath(root)
+        paths, sizes = [], []
+        for dirpath, dirnames, filenames in os.walk(real_root):
+            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+            for name in sorted(filenames):
+                if name.startswith(".") or (extensions and not name.endswith(tuple(extensions))):
+                    continue
+                full = os.path.join(dirpath, name)
+                rel = os.path.relpath(full, real_root).replace(os.sep, "/")
+                real = os.path.realpath(full)
+                if os.path.commonpath([real, real_root]) != real_root:
+                    raise CatalogError(f"{full}: symbolic link to {real}, outside the dataset root {real_root}")
+                if not os.path.isfile(real):
+                    continue
+                paths.append(rel)
+                sizes.append(os.stat(real).st_size)
+        if not paths:
+            raise CatalogError(f"dataset at {root} has no samples"
+                               + (f" with extensions {list(extensions)}" if extensions else ""))
+        labels = None
+        if all("/" in p for p in paths):
+            classes = sorted({p.split("/", 1)[0] for p in paths})
+            index = {c: i for i, c in enumerate(classes)}
+            labels = [index[p.split("/", 1)[0]] for p in paths]
+        return cls(root, paths, sizes, labels)
+
+    @classmethod
+    def load(cls, dataset):
+        """Builds the catalog that a ``DatasetConfig`` describes."""
+        if not dataset.source:
+            raise CatalogError("dataset.source is not set")
+        if dataset.manifest:
+            return cls.from_manifest(dataset.source, dataset.manifest)
+        return cls.from_directory(dataset.source, dataset.extensions)

@@ -1,0 +1,150 @@
+"""The ``stager`` command."""
+
+import argparse
+import json
+import signal
+import sys
+
+import yaml
+
+from .config import load_config
+from .errors import StagerError
+
+
+def _cmd_run(args):
+    from .runner import run_job
+
+    cfg = load_config(args.config, args.set)
+    summary = run_job(cfg, report=args.report, record=args.record, progress=not args.quiet)
+    s = summary
+    print(f"{s['mode']}: {s['batches']} minibatches, {s['samples']} samples in {s['wall_s']:.2f} s "
+          f"({s['samples_per_s']:.1f} samples/s); stalled {s['stall_s']:.2f} s ({s['stall_fraction']:.1%}); "
+          f"staged {s['files_staged']} files, {s['bytes_staged'] / 1e6:.1f} MB")
+    if args.report:
+        print(f"report written to {args.report}")
+    return 0
+
+
+def _cmd_demo(args):
+    from .demo import run_demo
+
+    run_demo(samples=args.samples, progress=not args.quiet)
+    return 0
+
+
+def _cmd_make_dataset(args):
+    from .synth import make_dataset
+
+    manifest = make_dataset(args.dir, args.samples, args.bytes, args.classes, args.seed, progress=not args.quiet)
+    print(f"wrote {args.samples} samples and {manifest}")
+    return 0
+
+
+def _cmd_slowfs(args):
+    from . import slowfs
+
+    if args.action == "mount":
+        proc = slowfs.mount(args.source, args.mountpoint, args.open_ms, args.mbps, log_path=args.log)
+        print(f"mounted {args.source} on {args.mountpoint} (daemon pid {proc.pid}); "
+              f"end it with: stager slowfs umount {args.mountpoint}")
+    else:
+        slowfs.umount(args.mountpoint)
+        print(f"unmounted {args.mountpoint}")
+    return 0
+
+
+def _cmd_config(args):
+    cfg = load_config(args.config, args.set)
+    sys.stdout.write(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    return 0
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(
+        prog="stager",
+        description="Stage training samples from a slow shared file system to node-local storage, "
+                    "minibatch by minibatch, overlapped with training.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("run", help="run the pipeline over a config's dataset as a training loop would",
+                       description="Run the pipeline over the dataset CONFIG describes, iterating as a training "
+                                   "loop would, and print throughput and stall fraction.")
+    p.add_argument("config", help="YAML config file")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", default=[],
+                   help="override a config value, e.g. --set staging.prefetchers=8 (repeatable)")
+    p.add_argument("--report", metavar="FILE.json", help="write the totals as JSON")
+    p.add_argument("--record", metavar="DIR", help="write rank-<r>.jsonl (minibatches read) and "
+                                                  "staged-<node>.jsonl (files staged)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_cmd_run)
+
+    p = sub.add_parser("demo", help="compare staged and direct reading on an emulated slow file system",
+                       description="Make a synthetic dataset in a temporary directory, mount it through the "
+                                   "slow file system emulator, run stager and direct reading with the same "
+                                   "readers, print both, unmount and clean up.")
+    p.add_argument("--samples", type=int, help="number of synthetic samples (default 2048)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=_cmd_demo)
+
+    p = sub.add_parser("make-dataset", help="write a synthetic ImageNet-like dataset",
+                       description="Write labelled random uint8 images as .npy files under DIR/<class>/ and "
+                                   "a manifest DIR/manifest.tsv.")
+    p.add_argument("dir", help="directory to create the dataset in")
+    p.add_argument("--samples", type=int, required=True, help="number of samples")
+    p.add_argument("--bytes", type=int, default=196_736, help="approximate bytes per sample (default 196736: "
+                                                               "256x256x3)")
+    p.add_argument("--classes", type=int, default=10, help="number of labels (default 10)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the content (default 0)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_cmd_make_dataset)
+
+    p = sub.add_parser("slowfs", help="mount or unmount the emulated slow file system",
+                       description="A read-only FUSE passthrough with a latency per open and a shared "
+                                   "bandwidth cap.")
+    ssub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    m = ssub.add_parser("mount", help="mount SRC on MNT in a background daemon",
+                        description="Mount SRC read-only on MNT; the daemon runs until 'stager slowfs umount MNT'.")
+    m.add_argument("source", metavar="SRC")
+    m.add_argument("mountpoint", metavar="MNT")
+    m.add_argument("--open-ms", type=float, default=10.0, help="latency per open in ms (default 10)")
+    m.add_argument("--mbps", type=float, default=0.0, help="shared bandwidth cap in MB/s (default 0: none)")
+    m.add_argument("--log", help="file for the daemon's output")
+    u = ssub.add_parser("umount", help="unmount MNT and end its daemon", description="Unmount MNT and wait "
+                                                                                    "for its daemon to exit.")
+    u.add_argument("mountpoint", metavar="MNT")
+    p.set_defaults(func=_cmd_slowfs)
+
+    p = sub.add_parser("config", help="print the effective config (all keys, with defaults)",
+                       description="Print the effective configuration as YAML: CONFIG (optional) with "
+                                   "--set overrides applied, every key shown.")
+    p.add_argument("config", nargs="?", help="YAML config file")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", default=[])
+    p.set_defaults(func=_cmd_config)
+    return parser
+
+
+def _on_sigterm(signum, frame):
+    # Unwinds through every with-block: the pipeline stops its workers and
+    # removes its staging directory, the emulator unmounts.
+    raise SystemExit(128 + signum)
+
+
+def main(argv=None):
+    """Entry point of the ``stager`` console script."""
+    args = build_parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        return args.func(args)
+    except StagerError as exc:
+        print(f"stager: error: {exc}", file=sys.stderr)
+        return 2
+    except RuntimeError as exc:
+        print(f"stager: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("stager: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,72 @@
+"""The per-job staging directory on node-local storage.
+
+One directory per job (``stager-<job id>``), created 0700 so that two jobs,
+or two users, never share or read each other's staged files, and removed at
+the end unless the user asks to keep it.
+"""
+
+import os
+import shutil
+import socket
+import stat
+import uuid
+
+from .errors import ConfigError
+
+
+def local_base(configured):
+    """Node-local base directory: the config's, ``$SLURM_TMPDIR``, ``$TMPDIR``, then ``/tmp``."""
+    for candidate in (configured, os.environ.get("SLURM_TMPDIR"), os.environ.get("TMPDIR")):
+        if candidate:
+            return candidate
+    return "/tmp"
+
+
+def job_id(configured):
+    """This job's id: the config's, ``$SLURM_JOB_ID``, else host, pid and a random suffix."""
+    if configured:
+        return configured
+    if os.environ.get("SLURM_JOB_ID"):
+        return os.environ["SLURM_JOB_ID"]
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+class JobDir:
+    """Creates and removes ``<base>/stager-<job id>``.
+
+    Args:
+        staging: A ``StagingConfig`` (local_dir, job_id, keep).
+        source: Dataset root; the job directory must not lie inside it, since
+            nothing on the shared file system is ever written.
+    """
+
+    def __init__(self, staging, source):
+        base = os.path.abspath(local_base(staging.local_dir))
+        self.path = os.path.join(base, f"stager-{job_id(staging.job_id)}")
+        self.keep = staging.keep
+        src = os.path.realpath(source)
+        real_base = os.path.realpath(base)
+        if os.path.commonpath([real_base, src]) == src:
+            raise ConfigError(f"staging.local_dir {base} lies inside the dataset source {src}; "
+                              "stager never writes to the shared file system")
+        self._created = False
+
+    def create(self):
+        """Makes the directory 0700; reuses one this user already owns (a kept job)."""
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        try:
+            os.mkdir(self.path, 0o700)
+        except FileExistsError:
+            st = os.lstat(self.path)
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+                raise ConfigError(f"staging directory {self.path} exists and is not a directory "
+                                  "owned by this user") from None
+        os.chmod(self.path, 0o700)
+        self._created = True
+        return self.path
+
+    def remove(self):
+        """Deletes the directory unless ``keep`` is set; safe to call twice."""
+        if self._created and not self.keep:
+            shutil.rmtree(self.path, ignore_errors=True)
+        self._created = False

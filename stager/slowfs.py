@@ -1,0 +1,287 @@
+"""An emulated slow shared file system: a read-only FUSE passthrough that
+adds a latency to every open and shares one bandwidth cap among all readers.
+
+Metadata-heavy parallel file systems (Lustre under load) are slow mostly per
+open, and their bandwidth is shared; this reproduces both on one machine so
+that the demo, the tests and the benchmarks have a realistic source.
+
+``SlowFS`` is a context manager that mounts in a child process and unmounts
+on exit; ``mount`` / ``umount`` back the ``stager slowfs`` commands, where the
+daemon outlives the command and ``umount`` ends it. The daemon's pid is kept
+in the mount's source name (``stager-slowfs:<pid>``), so ``umount`` finds it
+in ``/proc/self/mounts`` without a pid file.
+"""
+
+import argparse
+import errno
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+
+FSNAME = "stager-slowfs"
+
+
+class _Throttle:
+    """A shared bandwidth cap: each read waits for its slot on one timeline."""
+
+    def __init__(self, bytes_per_s):
+        self.rate = bytes_per_s
+        self.lock = threading.Lock()
+        self.free_at = time.monotonic()
+
+    def take(self, nbytes):
+        if self.rate <= 0:
+            return
+        with self.lock:
+            now = time.monotonic()
+            start = max(now, self.free_at)
+            self.free_at = start + nbytes / self.rate
+            done = self.free_at
+        delay = done - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+
+
+def _operations(root, open_s, bytes_per_s, ready_fd):
+    # mfusepy is imported here so that importing stager never needs libfuse.
+    import mfusepy
+
+    class SlowPassthrough(mfusepy.Operations):
+        use_ns = True
+
+        def __init__(self):
+            self.root = os.path.realpath(root)
+            self.throttle = _Throttle(bytes_per_s)
+
+        def _full(self, path):
+            return os.path.join(self.root, path.lstrip("/"))
+
+        def init(self, path):
+            if ready_fd is not None:
+                os.write(ready_fd, b"ready\n")
+                os.close(ready_fd)
+
+        def getattr(self, path, fh=None):
+            st = os.lstat(self._full(path))
+            keys = ("st_mode", "st_nlink", "st_size", "st_uid", "st_gid", "st_atime_ns", "st_mtime_ns",
+                    "st_ctime_ns")
+            out = {k.replace("_ns", ""): getattr(st, k) for k in keys}
+            out["st_mode"] &= ~0o222  # read only
+            return out
+
+        def readdir(self, path, fh):
+            return [".", ".."] + os.listdir(self._full(path))
+
+        def readlink(self, path):
+            return os.readlink(self._full(path))
+
+        def statfs(self, path):
+            sv = os.statvfs(self._full(path))
+            return {k: getattr(sv, k) for k in ("f_bsize", "f_frsize", "f_blocks", "f_bfree", "f_bavail",
+                                                 "f_files", "f_ffree", "f_namemax")}
+
+        def open(self, path, flags):
+            if flags & (os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_TRUNC | os.O_CREAT):
+                raise mfusepy.FuseOSError(errno.EROFS)
+            if open_s > 0:
+                time.sleep(open_s)
+            return os.open(self._full(path), os.O_RDONLY)
+
+        def read(self, path, size, offset, fh):
+            data = os.pread(fh, size, offset)
+            self.throttle.take(len(data))
+            return data
+
+        def release(self, path, fh):
+            os.close(fh)
+            return 0
+
+    return SlowPassthrough()
+
+
+def serve(source, mountpoint, open_ms, mbps, ready_fd=None):
+    """Runs the file system in the foreground until it is unmounted."""
+    import mfusepy
+
+    ops = _operations(source, open_ms / 1000.0, mbps * 1e6, ready_fd)
+    mfusepy.FUSE(ops, mountpoint, foreground=True, nothreads=False, ro=True,
+                 fsname=f"{FSNAME}:{os.getpid()}", default_permissions=True)
+
+
+def _mount_entry(mountpoint):
+    target = os.path.realpath(mountpoint)
+    with open("/proc/self/mounts", encoding="utf-8") as fh:
+        for line in fh:
+            fields = line.split()
+            if len(fields) >= 2 and fields[1].replace("\\040", " ") == target and fields[0].startswith(FSNAME):
+                return fields[0]
+    return None
+
+
+def _fusermount():
+    tool = shutil.which("fusermount3") or shutil.which("fusermount")
+    if tool is None:
+        raise RuntimeError("fusermount3 not found: install the fuse3 package (apt-get install fuse3)")
+    return tool
+
+
+def mount(source, mountpoint, open_ms=10.0, mbps=0.0, timeout_s=30.0, log_path=None):
+    """Starts the emulator as a background process and waits until it is mounted.
+
+    Args:
+        source: Directory to expose read-only.
+        mountpoint: Empty directory to mount on.
+        open_ms: Latency per open, in milliseconds.
+        mbps: Shared bandwidth cap in MB/s; 0 = unlimited.
+        timeout_s: How long to wait for the mount.
+        log_path: File for the daemon's output; default: discarded.
+
+    Returns:
+        The daemon's ``subprocess.Popen``.
+
+    Raises:
+        RuntimeError: If FUSE is unavailable or the mount fails; the
+            daemon's error output is included.
+    """
+    if not os.path.isdir(source):
+        raise RuntimeError(f"slowfs: source {source} is not a directory")
+    if not os.path.isdir(mountpoint):
+        raise RuntimeError(f"slowfs: mount point {mountpoint} is not a directory")
+    _fusermount()
+    if not os.path.exists("/dev/fuse"):
+        raise RuntimeError("slowfs: /dev/fuse is missing; FUSE is not available on this machine")
+    read_fd, write_fd = os.pipe()
+    log = open(log_path, "ab") if log_path else subprocess.DEVNULL
+    cmd = [sys.executable, "-m", "stager.slowfs", os.path.abspath(source), os.path.abspath(mountpoint),
+           "--open-ms", str(open_ms), "--mbps", str(mbps), "--ready-fd", str(write_fd)]
+    proc = subprocess.Popen(cmd, pass_fds=(write_fd,), stdin=subprocess.DEVNULL, stdout=log,
+                            stderr=subprocess.PIPE if log is subprocess.DEVNULL else log, start_new_session=True)
+    os.close(write_fd)
+    try:
+        import select
+        ready, _, _ = select.select([read_fd], [], [], timeout_s)
+        answer = os.read(read_fd, 64) if ready else b""
+    finally:
+        os.close(read_fd)
+        if log is not subprocess.DEVNULL:
+            log.close()
+    if answer.startswith(b"ready"):
+        if proc.stderr is not None:
+            proc.stderr.close()  # keep no pipe the daemon could block on
+            proc.stderr = None
+        return proc
+    err = b""
+    if proc.poll() is None:
+        proc.kill()
+    if proc.stderr is not None:
+        err = proc.stderr.read()
+        proc.stderr.close()
+    proc.wait()
+    raise RuntimeError(f"slowfs: mounting {source} on {mountpoint} failed: "
+                       f"{err.decode(errors='replace').strip() or 'timed out'}")
+
+
+def umount(mountpoint, timeout_s=30.0):
+    """Unmounts an emulator mount and waits for its daemon to exit.
+
+    Raises:
+        RuntimeError: If ``mountpoint`` is not a stager slowfs mount or
+            ``fusermount3 -u`` fails.
+    """
+    entry = _mount_entry(mountpoint)
+    if entry is None:
+        raise RuntimeError(f"slowfs: {mountpoint} is not a stager slowfs mount")
+    pid = int(entry.split(":", 1)[1]) if ":" in entry else None
+    result = subprocess.run([_fusermount(), "-u", mountpoint], capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"slowfs: fusermount3 -u {mountpoint} failed: {result.stderr.strip()}")
+    if pid is not None:
+        _wait_pid_exit(pid, timeout_s)
+
+
+def _wait_pid_exit(pid, timeout_s):
+    import select
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    try:
+        select.select([fd], [], [], timeout_s)
+    finally:
+        os.close(fd)
+
+
+class SlowFS:
+    """Mounts ``source`` read-only through the emulator for a ``with`` block.
+
+    Args:
+        source: Directory to expose.
+        mountpoint: Where to mount; default: a new temporary directory,
+            removed again on exit.
+        open_ms: Latency per open, in milliseconds.
+        mbps: Shared bandwidth cap in MB/s; 0 = unlimited.
+    """
+
+    def __init__(self, source, mountpoint=None, open_ms=10.0, mbps=0.0):
+        self.source = source
+        self.mountpoint = mountpoint
+        self.open_ms = open_ms
+        self.mbps = mbps
+        self._proc = None
+        self._made_dir = False
+
+    def __enter__(self):
+        import tempfile
+        if self.mountpoint is None:
+            self.mountpoint = tempfile.mkdtemp(prefix="stager-slowfs-")
+            self._made_dir = True
+        try:
+            self._proc = mount(self.source, self.mountpoint, self.open_ms, self.mbps)
+        except BaseException:
+            self._cleanup_dir()
+            raise
+        return self.mountpoint
+
+    def __exit__(self, *exc_info):
+        self.close()
+
+    def close(self):
+        """Unmounts and ends the daemon; safe to call twice."""
+        if self._proc is None:
+            return
+        proc, self._proc = self._proc, None
+        try:
+            umount(self.mountpoint)
+        except RuntimeError:
+            # Busy (a process still has a file open): detach lazily so the
+            # daemon can exit, rather than leave the mount behind.
+            subprocess.run([_fusermount(), "-u", "-z", self.mountpoint], capture_output=True)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        self._cleanup_dir()
+
+    def _cleanup_dir(self):
+        if self._made_dir:
+            os.rmdir(self.mountpoint)
+            self._made_dir = False
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m stager.slowfs", description="Serve a slow FUSE passthrough.")
+    parser.add_argument("source")
+    parser.add_argument("mountpoint")
+    parser.add_argument("--open-ms", type=float, default=10.0)
+    parser.add_argument("--mbps", type=float, default=0.0)
+    parser.add_argument("--ready-fd", type=int, default=None)
+    args = parser.parse_args(argv)
+    serve(args.source, args.mountpoint, args.open_ms, args.mbps, args.ready_fd)
+
+
+if __name__ == "__main__":
+    main()
