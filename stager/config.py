@@ -205,7 +205,10 @@ def _coerce(value, tp, key):
         if value is None:
             return None
         inner = [a for a in typing.get_args(tp) if a is not type(None)][0]
-        return _coerce(value, inner, key)
+        try:
+            return _coerce(value, inner, key)
+        except ConfigError:
+            raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r} ({type(value).__name__})") from None
     if origin in (list, List):
         if not isinstance(value, list):
             raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Sets up everything stager needs on this machine, then runs one thing.
+#
+#   scripts/bootstrap.sh demo   # set up, then `stager demo`
+#   scripts/bootstrap.sh test   # set up, then the whole test suite
+#
+# Set-up is idempotent: system packages (as root, only those missing), a
+# virtual environment in .venv/ at the repository root, and stager installed
+# in it (editable) with the mpich wheel and the test tools.
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+what="${1:-}"
+case "$what" in
+  demo|test) ;;
+  *) echo "usage: $0 demo|test" >&2; exit 2 ;;
+esac
+
+# FUSE runs the emulated slow file system; python3-venv makes the venv on a
+# bare Debian. Missing ones are installed when we are root, else named.
+apt_packages=(fuse3 libfuse3-3)
+python3 -m venv --help >/dev/null 2>&1 || apt_packages+=(python3-venv)
+missing=()
+for pkg in "${apt_packages[@]}"; do
+  dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+  if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
+    echo "bootstrap: installing ${missing[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  else
+    echo "bootstrap: please install these system packages first: ${missing[*]}" >&2
+    exit 1
+  fi
+fi
+
+if [ ! -x .venv/bin/python ]; then
+  echo "bootstrap: creating .venv"
+  python3 -m venv .venv
+fi
+export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_CONSTRAINT="$PWD/constraints.txt"
+.venv/bin/python -m pip install -q --upgrade pip "setuptools>=77.0.3,<81" wheel
+echo "bootstrap: installing stager and its dependencies into .venv"
+.venv/bin/python -m pip install -q -e ".[mpich,test]"
+
+case "$what" in
+  demo)
+    exec .venv/bin/stager demo
+    ;;
+  test)
+    exec .venv/bin/python -m pytest -p no:cacheprovider tests
+    ;;
+esac

@@ -1,0 +1,109 @@
+"""Shared fixtures: a small synthetic dataset, the real FUSE slow file system,
+and a guard that every test leaves no child process behind."""
+
+import os
+import shutil
+import sys
+import tempfile
+
+import pytest
+
+from stager.catalog import Catalog
+from stager.config import config_from_dict
+from stager.slowfs import SlowFS
+from stager.synth import make_dataset
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def child_pids(pid=None):
+    """Direct children of a process, from /proc (all of its threads)."""
+    pid = pid or os.getpid()
+    out = set()
+    task_dir = f"/proc/{pid}/task"
+    for tid in os.listdir(task_dir):
+        try:
+            with open(f"{task_dir}/{tid}/children") as fh:
+                out.update(int(p) for p in fh.read().split())
+        except FileNotFoundError:
+            pass
+    return out
+
+
+def live_children(pids):
+    """The processes among ``pids`` that still run, reaping zombies.
+
+    Python's multiprocessing resource tracker (started by the spawn method) is
+    left out: it is the runtime's own helper and lives as long as this process.
+    """
+    alive = set()
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                state = fh.read().rsplit(")", 1)[1].split()[0]
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                cmdline = fh.read()
+        except FileNotFoundError:
+            continue
+        if state == "Z":
+            os.waitpid(pid, os.WNOHANG)
+        elif b"multiprocessing.resource_tracker" not in cmdline:
+            alive.add(pid)
+    return alive
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_children():
+    """Fails a test that leaves a child process of the test process alive."""
+    before = child_pids()
+    yield
+    alive = live_children(child_pids() - before)
+    assert not alive, f"test left child processes alive: {sorted(alive)}"
+
+
+@pytest.fixture(scope="session")
+def session_dir():
+    path = tempfile.mkdtemp(prefix="stager-tests-")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def dataset(session_dir):
+    """A labelled dataset of 100 small ``.npy`` samples (root, manifest)."""
+    root = os.path.join(session_dir, "data")
+    manifest = make_dataset(root, 100, nbytes=4096, classes=5, seed=1, progress=False)
+    return root, manifest
+
+
+@pytest.fixture(scope="session")
+def slow_source(dataset, session_dir):
+    """The dataset mounted through the FUSE emulator (1 ms per open)."""
+    root, _ = dataset
+    mnt = os.path.join(session_dir, "mnt")
+    os.mkdir(mnt)
+    with SlowFS(root, mnt, open_ms=1.0, mbps=0) as mounted:
+        yield mounted
+
+
+def make_config(source, local_dir, **sections):
+    """A Config reading ``source`` (with its manifest) and staging under ``local_dir``."""
+    data = {
+        "dataset": {"source": source, "manifest": "manifest.tsv", "loader": "npy"},
+        "plan": {"batch_size": 8, "epochs": 1, "seed": 3},
+        "staging": {"local_dir": str(local_dir), "prefetchers": 2, "lookahead": 4},
+        "reader": {"workers": 2},
+        "processes": {"shutdown_timeout_s": 10.0},
+    }
+    for name, values in sections.items():
+        data.setdefault(name, {}).update(values)
+    return config_from_dict(data)
+
+
+def load_catalog(cfg):
+    return Catalog.load(cfg.dataset)
+
+
+def stager_cmd(*args):
+    """Command line that runs the stager CLI with this interpreter."""
+    return [sys.executable, "-m", "stager", *args]

@@ -1,0 +1,179 @@
+"""The ``stager`` command, run as a user would, in its own process."""
+
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+
+import pytest
+
+from conftest import child_pids, stager_cmd
+from stager import plan
+from stager.catalog import Catalog
+from stager.config import PlanConfig
+
+
+def slowfs_mounts():
+    with open("/proc/self/mounts") as fh:
+        return [line for line in fh if line.startswith("stager-slowfs")]
+
+
+def write_config(tmp_path, **extra):
+    text = f"""
+dataset:
+  source: data
+  manifest: manifest.tsv
+synthetic:
+  samples: 60
+  bytes: 3000
+slowfs:
+  enabled: true
+  open_ms: 1
+plan:
+  batch_size: 8
+  epochs: {extra.get('epochs', 2)}
+  seed: 11
+staging:
+  local_dir: local
+  prefetchers: 3
+  lookahead: 4
+reader:
+  workers: 2
+"""
+    path = tmp_path / "job.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+def wait_gone(pids, timeout):
+    for pid in pids:
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            continue
+        try:
+            ready, _, _ = select.select([fd], [], [], timeout)
+            assert ready, f"process {pid} still runs"
+        finally:
+            os.close(fd)
+
+
+def test_run_writes_report_and_records_that_match_the_plan(tmp_path):
+    cfg = write_config(tmp_path)
+    proc = subprocess.run(stager_cmd("run", cfg, "--report", str(tmp_path / "r.json"),
+                                     "--record", str(tmp_path / "rec"), "--set", "run.compute_ms=1"),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "staged: 16 minibatches, 120 samples" in proc.stdout
+    report = json.loads((tmp_path / "r.json").read_text())
+    catalog = Catalog.from_manifest(str(tmp_path / "data"), "manifest.tsv")
+    assert report["epochs"] == 2 and report["batches"] == 16 and report["samples"] == 120
+    assert report["files_staged"] == 60 and report["bytes_staged"] == catalog.total_bytes
+    assert 0 <= report["stall_s"] <= report["wall_s"]
+    assert report["config"]["run"]["compute_ms"] == 1.0
+
+    reads = [json.loads(line) for line in (tmp_path / "rec" / "rank-0.jsonl").read_text().splitlines()]
+    expected = [(m.epoch, m.step, [catalog.path(i) for i in m.indices])
+                for m in plan.iterate(60, PlanConfig(batch_size=8, epochs=2, seed=11))]
+    assert [(r["epoch"], r["step"], r["samples"]) for r in reads] == expected
+
+    staged_file = tmp_path / "rec" / f"staged-{socket.gethostname()}.jsonl"
+    staged = [json.loads(line) for line in staged_file.read_text().splitlines()]
+    assert sorted(s["path"] for s in staged) == sorted(catalog.paths())
+    sizes = dict(zip(catalog.paths(), catalog.sizes.tolist()))
+    assert all(s["bytes"] == sizes[s["path"]] and s["epoch"] == 0 for s in staged)
+
+    assert not slowfs_mounts()
+    assert os.listdir(tmp_path / "local") == []
+
+
+def test_run_rejects_an_unknown_key_by_name(tmp_path):
+    cfg = write_config(tmp_path)
+    proc = subprocess.run(stager_cmd("run", cfg, "--set", "staging.prefetcher=2"),
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "'staging.prefetcher'" in proc.stderr and "prefetchers = 4" in proc.stderr
+
+
+def test_sigterm_mid_run_stops_workers_unmounts_and_cleans_up(tmp_path):
+    cfg = write_config(tmp_path, epochs=0)
+    proc = subprocess.Popen(stager_cmd("run", cfg, "--set", "run.compute_ms=5"),
+                            stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        # The progress bar's first line means minibatches are flowing.
+        for line in proc.stderr:
+            if "minibatches" in line:
+                break
+        workers = child_pids(proc.pid)
+        assert len(workers) >= 5  # 3 prefetchers + 2 readers (+ the FUSE daemon)
+        local = os.listdir(tmp_path / "local")
+        assert len(local) == 1 and local[0].startswith("stager-")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stderr.close()
+        proc.stdout.close()
+    wait_gone(workers, 10)
+    assert not slowfs_mounts()
+    assert os.listdir(tmp_path / "local") == []
+
+
+def test_make_dataset_and_slowfs_mount_umount(tmp_path):
+    data, mnt = tmp_path / "data", tmp_path / "mnt"
+    proc = subprocess.run(stager_cmd("make-dataset", str(data), "--samples", "5", "--bytes", "2000", "--quiet"),
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    catalog = Catalog.from_manifest(str(data), "manifest.tsv")
+    assert len(catalog) == 5 and set(catalog.sizes.tolist()) == {128 + 2 * 768}
+    mnt.mkdir()
+    proc = subprocess.run(stager_cmd("slowfs", "mount", str(data), str(mnt), "--open-ms", "1", "--mbps", "100"),
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    try:
+        entry = [m for m in slowfs_mounts() if f" {mnt} " in m]
+        assert len(entry) == 1
+        daemon = int(entry[0].split()[0].split(":")[1])
+        first = catalog.path(0)
+        assert (mnt / first).read_bytes() == (data / first).read_bytes()
+        with pytest.raises(OSError):
+            (mnt / "new").write_text("no")
+        assert not (data / "new").exists()
+    finally:
+        proc = subprocess.run(stager_cmd("slowfs", "umount", str(mnt)), capture_output=True, text=True,
+                              timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    wait_gone([daemon], 10)
+    assert not slowfs_mounts()
+    proc = subprocess.run(stager_cmd("slowfs", "umount", str(mnt)), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and "is not a stager slowfs mount" in proc.stderr
+
+
+@pytest.mark.parametrize("args", [[], ["run"], ["demo"], ["make-dataset"], ["slowfs"], ["slowfs", "mount"],
+                                  ["slowfs", "umount"], ["config"]])
+def test_every_command_has_help(args):
+    proc = subprocess.run(stager_cmd(*args, "--help"), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and "usage: stager" in proc.stdout
+
+
+def test_config_prints_every_key(tmp_path):
+    proc = subprocess.run(stager_cmd("config", "--set", "plan.epochs=3"), capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0
+    assert "epochs: 3" in proc.stdout and "prefetchers: 4" in proc.stdout
+
+
+def test_demo_runs_both_methods_and_cleans_up():
+    before = set(os.listdir("/tmp"))
+    proc = subprocess.run(stager_cmd("demo", "--samples", "96", "--quiet"), capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "stager (8 prefetchers + 2 readers)" in proc.stdout
+    assert "direct (2 readers on the slow file system)" in proc.stdout
+    assert "faster than direct reading (96 files" in proc.stdout
+    assert not [d for d in set(os.listdir("/tmp")) - before if d.startswith("stager-")]
+    assert not slowfs_mounts()

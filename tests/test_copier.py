@@ -1,0 +1,56 @@
+"""Copying one file: atomic publication, skip when present, full disks."""
+
+import errno
+import os
+import subprocess
+
+import pytest
+
+from conftest import load_catalog, make_config
+from stager.copier import stage_file
+from stager.errors import StageError
+from stager.pipeline import Pipeline
+
+
+def test_copy_publishes_once_and_skips_a_complete_copy(tmp_path):
+    (tmp_path / "src" / "d").mkdir(parents=True)
+    (tmp_path / "src" / "d" / "x.bin").write_bytes(b"a" * 5000)
+    dst = tmp_path / "dst"
+    assert stage_file(str(tmp_path / "src"), str(dst), "d/x.bin", 5000) == 5000
+    assert (dst / "d" / "x.bin").read_bytes() == b"a" * 5000
+    assert os.listdir(dst / "d") == ["x.bin"]
+    assert stage_file(str(tmp_path / "src"), str(dst), "d/x.bin", 5000) == 0
+
+
+@pytest.fixture
+def tiny_tmpfs(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("mounting a size-limited tmpfs needs root")
+    mnt = tmp_path / "nvme"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)], check=True)
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", str(mnt)], check=True)
+
+
+def test_full_local_disk_names_the_file_and_leaves_no_partial_copy(tmp_path, tiny_tmpfs):
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(8):
+        (src / f"s{i}.bin").write_bytes(bytes([i]) * 20_000)
+    cfg = make_config(str(src), tiny_tmpfs, dataset={"manifest": None, "loader": "raw"},
+                      plan={"shuffle": False, "batch_size": 2}, staging={"prefetchers": 1, "keep": True})
+    pipe = Pipeline(cfg, load_catalog(cfg))
+    with pytest.raises(StageError) as info:
+        with pipe:
+            list(pipe)
+    err = info.value
+    assert err.stage == "prefetch" and err.cause == "OSError" and os.strerror(errno.ENOSPC) in str(err)
+    assert err.path.startswith("s")
+    staged = sorted(os.listdir(pipe.local_dir))
+    assert err.path not in staged
+    assert not [f for f in staged if f.endswith(".part")]
+    for name in staged:
+        assert (tmp_path / "src" / name).read_bytes() == (tiny_tmpfs / pipe.local_dir / name).read_bytes()
