@@ -40,23 +40,31 @@ class Catalog:
 
     Args:
         root: Dataset root directory.
-        paths: Relative paths.
+        blob: All relative paths, UTF-8, concatenated.
+        offsets: Start of each path in ``blob``, plus the end.
         sizes: Size of each file in bytes.
         labels: Integer label per sample, or None.
     """
 
-    def __init__(self, root, paths, sizes, labels=None):
+    def __init__(self, root, blob, offsets, sizes, labels=None):
         self.root = os.path.abspath(root)
-        encoded = [p.encode("utf-8") for p in paths]
-        self._blob = b"".join(encoded)
-        self._offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
-        np.cumsum([len(e) for e in encoded], out=self._offsets[1:])
+        self._blob = bytes(blob)
+        self._offsets = np.asarray(offsets, dtype=np.int64)
         self.sizes = np.asarray(sizes, dtype=np.int64)
         self.labels = None if labels is None else np.asarray(labels, dtype=np.int64)
-        if len(self.sizes) != len(encoded) or (self.labels is not None and len(self.labels) != len(encoded)):
+        n = len(self.sizes)
+        if len(self._offsets) != n + 1 or (self.labels is not None and len(self.labels) != n):
             raise CatalogError("catalog arrays differ in length")
-        if not encoded:
+        if not n:
             raise CatalogError(f"dataset at {self.root} has no samples")
+
+    @classmethod
+    def from_paths(cls, root, paths, sizes, labels=None):
+        """Builds a catalog from lists of relative paths, sizes and labels."""
+        encoded = [p.encode("utf-8") for p in paths]
+        offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
+        np.cumsum([len(e) for e in encoded], out=offsets[1:])
+        return cls(root, b"".join(encoded), offsets, sizes, labels)
 
     def __len__(self):
         return len(self.sizes)
@@ -139,7 +147,7 @@ class Catalog:
             sizes.append(st.st_size)
         if not paths:
             raise CatalogError(f"manifest {manifest} lists no samples")
-        return cls(root, paths, sizes, labels if labelled else None)
+        return cls.from_paths(root, paths, sizes, labels if labelled else None)
 
     @classmethod
     def from_directory(cls, root, extensions=()):
@@ -183,7 +191,7 @@ class Catalog:
             classes = sorted({p.split("/", 1)[0] for p in paths})
             index = {c: i for i, c in enumerate(classes)}
             labels = [index[p.split("/", 1)[0]] for p in paths]
-        return cls(root, paths, sizes, labels)
+        return cls.from_paths(root, paths, sizes, labels)
 
     @classmethod
     def load(cls, dataset):
@@ -193,3 +201,47 @@ class Catalog:
         if dataset.manifest:
             return cls.from_manifest(dataset.source, dataset.manifest)
         return cls.from_directory(dataset.source, dataset.extensions)
+
+
+def broadcast_catalog(comm, build, root=0):
+    """Builds the catalog on one rank and sends it to all others.
+
+    Only rank ``root`` touches the shared file system's metadata; the others
+    receive four arrays by buffer broadcasts, which cost milliseconds even
+    for millions of samples. A failure on ``root`` is raised on every rank.
+
+    Args:
+        comm: mpi4py communicator, or None (then ``build()`` is returned).
+        build: Callable that returns a Catalog.
+        root: Rank that builds it.
+
+    Returns:
+        The Catalog, on every rank.
+    """
+    if comm is None:
+        return build()
+    catalog, header, failure = None, None, None
+    if comm.Get_rank() == root:
+        try:
+            catalog = build()
+            header = ("ok", catalog.root, len(catalog), len(catalog._blob), catalog.labels is not None)
+        except Exception as exc:  # every rank must learn of it, or the others wait forever
+            failure = exc
+            header = ("error", f"{type(exc).__name__}: {exc}")
+    header = comm.bcast(header, root=root)
+    if header[0] == "error":
+        if failure is not None:
+            raise failure
+        raise CatalogError(f"rank {root} could not build the catalog: {header[1]}")
+    _, root_dir, n, blob_len, labelled = header
+    if catalog is not None:
+        blob = np.frombuffer(catalog._blob, dtype=np.uint8).copy()
+        arrays = [catalog._offsets, catalog.sizes] + ([catalog.labels] if labelled else [])
+    else:
+        blob = np.empty(blob_len, dtype=np.uint8)
+        arrays = [np.empty(n + 1, np.int64), np.empty(n, np.int64)] + ([np.empty(n, np.int64)] if labelled else [])
+    for array in arrays + [blob]:
+        comm.Bcast(array, root=root)
+    if catalog is not None:
+        return catalog
+    return Catalog(root_dir, blob.tobytes(), arrays[0], arrays[1], arrays[2] if labelled else None)

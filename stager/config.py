@@ -86,6 +86,9 @@ class PlanConfig:
         seed: Seed of every epoch's permutation (combined with the epoch).
         shuffle: Permute each epoch; False reads in catalog order.
         drop_last: Drop the last, short minibatch of each epoch.
+        remainder: Under MPI, when the sample count is not a multiple of the
+            number of ranks: ``pad`` repeats a few samples so every rank reads
+            as many, ``drop`` leaves a few out of that epoch.
     """
 
     batch_size: int = 32
@@ -93,6 +96,7 @@ class PlanConfig:
     seed: int = 0
     shuffle: bool = True
     drop_last: bool = False
+    remainder: str = "pad"
 
 
 @dataclass(frozen=True)
@@ -138,10 +142,27 @@ class ProcessesConfig:
     Attributes:
         start_method: ``fork``, ``spawn`` or ``forkserver``.
         shutdown_timeout_s: Time children get to exit before being terminated.
+        peer_wait_s: How long a node leader waits at the end for the node's
+            other ranks to finish reading before it removes the staging
+            directory.
     """
 
     start_method: str = "fork"
     shutdown_timeout_s: float = 5.0
+    peer_wait_s: float = 300.0
+
+
+@dataclass(frozen=True)
+class WorldConfig:
+    """How ranks find each other.
+
+    Attributes:
+        mpi: ``auto`` uses mpi4py when an MPI launcher started the process
+            (mpiexec, mpirun, srun --mpi=pmi2); ``on`` always initialises MPI;
+            ``off`` never does and reads the launcher's variables instead.
+    """
+
+    mpi: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -168,6 +189,7 @@ class Config:
     staging: StagingConfig = field(default_factory=StagingConfig)
     reader: ReaderConfig = field(default_factory=ReaderConfig)
     processes: ProcessesConfig = field(default_factory=ProcessesConfig)
+    world: WorldConfig = field(default_factory=WorldConfig)
     run: RunConfig = field(default_factory=RunConfig)
 
     def to_dict(self):
@@ -270,6 +292,8 @@ def _validate(cfg):
     checks = [
         (cfg.plan.batch_size >= 1, "plan.batch_size must be at least 1"),
         (cfg.plan.epochs >= 0, "plan.epochs must be 0 (repeat) or more"),
+        (cfg.plan.remainder in ("pad", "drop"), "plan.remainder must be 'pad' or 'drop'"),
+        (cfg.world.mpi in ("auto", "on", "off"), "world.mpi must be 'auto', 'on' or 'off'"),
         (cfg.staging.prefetchers >= 1, "staging.prefetchers must be at least 1"),
         (cfg.staging.lookahead >= 1, "staging.lookahead must be at least 1"),
         (cfg.reader.workers >= 1, "reader.workers must be at least 1"),

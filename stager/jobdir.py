@@ -31,18 +31,37 @@ def job_id(configured):
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
+def agreed_job_id(staging, world):
+    """The job id, the same on every rank: rank 0's when it had to be generated."""
+    ident = job_id(staging.job_id)
+    if world.comm is not None and not (staging.job_id or os.environ.get("SLURM_JOB_ID")):
+        ident = world.comm.bcast(ident, root=0)
+    return ident
+
+
 class JobDir:
     """Creates and removes ``<base>/stager-<job id>``.
 
+    The name is ``stager-<job id>``; with several emulated nodes on one
+    machine (``STAGER_NODE_ID``) it ends in ``-<node>``, and ranks that cannot
+    share a node's staging service (no MPI) each get ``-rank<r>``.
+
     Args:
-        staging: A ``StagingConfig`` (local_dir, job_id, keep).
+        staging: A ``StagingConfig`` (local_dir, keep).
         source: Dataset root; the job directory must not lie inside it, since
             nothing on the shared file system is ever written.
+        ident: The job id (see ``agreed_job_id``).
+        world: The ``World``.
     """
 
-    def __init__(self, staging, source):
+    def __init__(self, staging, source, ident, world):
         base = os.path.abspath(local_base(staging.local_dir))
-        self.path = os.path.join(base, f"stager-{job_id(staging.job_id)}")
+        name = f"stager-{ident}"
+        if world.emulated_node:
+            name += f"-{world.node}"
+        if world.node_comm is None and world.size > 1:
+            name += f"-rank{world.rank}"
+        self.path = os.path.join(base, name)
         self.keep = staging.keep
         src = os.path.realpath(source)
         real_base = os.path.realpath(base)

@@ -1,25 +1,30 @@
-"""Starts, wires and stops the three stages.
+"""Starts, wires and stops the three stages for one rank.
 
-The parent process runs a coordinator thread that walks the plan (stage 1),
-hands prefetch tasks to the prefetchers (stage 2) up to ``staging.lookahead``
-minibatches ahead of the consumer, hands a minibatch to the readers (stage 3)
-once all its files are staged, and puts decoded minibatches in plan order on
-a queue that ``next()`` takes from. The coordinator alone decides which file
-is copied by which task, so a file is never copied twice.
+Each rank runs a coordinator thread that walks its share of the plan
+(stage 1), asks the node's staging service (``service.py``, stage 2) for each
+minibatch up to ``staging.lookahead`` minibatches ahead of the consumer, hands
+a minibatch to its reader processes (stage 3) once the service says all its
+files are local, and puts decoded minibatches in plan order on a queue that
+``next()`` takes from. On the node leader (local rank 0) the pipeline also
+owns the job directory and the service.
 
 Shutdown protocol (``close()``, idempotent; also on an error in any stage, at
 the end of the plan, and on leaving a ``with`` block):
   1. stop the coordinator (flag plus a wake-up message) and join it;
-  2. set the stop event and send one ``None`` sentinel per worker;
-  3. join each worker until ``processes.shutdown_timeout_s``, draining the
-     reply queue meanwhile so that no worker blocks on a full pipe;
-  4. terminate, then kill, whatever is still alive;
-  5. remove the job's staging directory unless ``staging.keep`` is set.
-Workers also exit on their own when the parent dies (they poll getppid).
+  2. tell the staging service goodbye;
+  3. set the readers' stop event and send one ``None`` sentinel per reader;
+     join each until ``processes.shutdown_timeout_s``, draining replies so no
+     reader blocks on a full pipe; then terminate, then kill;
+  4. on the node leader: wait (up to ``processes.peer_wait_s``, not at all
+     on an error) for the node's other ranks to leave the service, stop the
+     prefetchers the same way, and remove the job directory unless
+     ``staging.keep`` is set.
+Workers also exit on their own when their parent dies (they poll getppid).
 """
 
-import logging
+import contextlib
 import multiprocessing
+import multiprocessing.connection as mpc
 import os
 import queue
 import threading
@@ -29,15 +34,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import plan as planlib
-from .catalog import Catalog
+from .catalog import Catalog, broadcast_catalog
 from .errors import StageError
-from .jobdir import JobDir
+from .jobdir import JobDir, agreed_job_id
+from .service import StagingService, stop_processes
 from .stats import BatchTimes, Stats
-from .workers import prefetcher_main, reader_main
+from .workers import reader_main
+from .world import detect
 
-log = logging.getLogger(__name__)
-
-_ABSENT, _IN_FLIGHT, _STAGED = 0, 1, 2
 _END = object()
 
 
@@ -60,33 +64,66 @@ class Batch:
     times: BatchTimes
 
 
+@contextlib.contextmanager
+def _children_skip_mpi(start_method):
+    # A spawned child re-imports __main__; if that imports mpi4py.MPI, the
+    # child would initialise MPI and crash or hang (ENVIRONMENT.md). Only the
+    # children see this variable: it is restored as soon as they exist.
+    if start_method == "fork":
+        yield
+        return
+    old = os.environ.get("MPI4PY_RC_INITIALIZE")
+    os.environ["MPI4PY_RC_INITIALIZE"] = "false"
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["MPI4PY_RC_INITIALIZE"]
+        else:
+            os.environ["MPI4PY_RC_INITIALIZE"] = old
+
+
 class Pipeline:
-    """Stages the plan's minibatches to node-local storage and decodes them.
+    """Stages this rank's minibatches to node-local storage and decodes them.
 
     Iterate it (``for batch in pipeline``) to receive ``Batch`` objects in
-    plan order. Use it as a context manager, or call ``close()``.
+    plan order. Use it as a context manager, or call ``close()``. Under MPI
+    every rank constructs and starts its pipeline (they agree on a few values
+    collectively); each rank then reads its own share of every epoch.
 
     Args:
         config: A ``Config``.
-        catalog: The samples; default: built from ``config.dataset``.
+        catalog: The samples; default: built on rank 0 from
+            ``config.dataset`` and broadcast.
         loader: Overrides ``config.dataset.loader``: a registry name,
             ``module:function`` or a callable taking a path (it must be
             picklable unless the start method is ``fork``).
         start: ``(epoch, step)`` of the first minibatch to deliver.
-        on_staged: Optional callable ``(relpath, bytes, epoch)`` called in the
-            coordinator thread for each file copied.
+        on_staged: Optional callable ``(relpath, bytes, epoch)``, called on the
+            node leader for each file copied.
+        world: A ``World``; default: ``world.detect(config.world.mpi)``.
     """
 
-    def __init__(self, config, catalog=None, *, loader=None, start=(0, 0), on_staged=None):
+    def __init__(self, config, catalog=None, *, loader=None, start=(0, 0), on_staged=None, world=None):
         self.config = config
-        self.catalog = catalog if catalog is not None else Catalog.load(config.dataset)
+        self.world = world if world is not None else detect(config.world.mpi)
+        if catalog is None:
+            catalog = broadcast_catalog(self.world.comm, lambda: Catalog.load(config.dataset))
+        self.catalog = catalog
         self.stats = Stats()
         self._loader = loader if loader is not None else config.dataset.loader
         self._start = start
         self._on_staged = on_staged
         self._staging = config.staging.enabled
         self._read_ahead = config.reader.ahead or 2 * config.reader.workers
-        self._jobdir = JobDir(config.staging, self.catalog.root) if self._staging else None
+        self._jobdir = None
+        self.local_dir = None
+        if self._staging:
+            self._jobdir = JobDir(config.staging, catalog.root, agreed_job_id(config.staging, self.world),
+                                  self.world)
+            self.local_dir = self._jobdir.path
+        self._service = None
+        self._client = None
         self._procs = []
         self._out = queue.Queue()
         self._halt = threading.Event()
@@ -94,19 +131,15 @@ class Pipeline:
         self._started = False
         self._closed = False
 
-    @property
-    def local_dir(self):
-        """The job's node-local staging directory, or None when reading directly."""
-        return self._jobdir.path if self._jobdir else None
-
     def worker_pids(self):
-        """Process ids of the live prefetchers and readers."""
-        return [p.pid for p in self._procs if p.is_alive()]
+        """Process ids of this rank's live prefetchers (node leader only) and readers."""
+        procs = self._procs + (self._service.procs if self._service else [])
+        return [p.pid for p in procs if p.is_alive()]
 
     # Lifecycle ------------------------------------------------------------
 
     def start(self):
-        """Creates the staging directory and starts the workers; idempotent."""
+        """Starts the workers (collective under MPI); idempotent."""
         if self._started:
             return self
         if self._closed:
@@ -115,38 +148,65 @@ class Pipeline:
         try:
             self._launch()
         except BaseException:
-            self.close()
+            self._shutdown(wait_for_peers=False)
             raise
         return self
 
     def _launch(self):
         cfg = self.config
         ctx = multiprocessing.get_context(cfg.processes.start_method)
-        self._stop = ctx.Event()
-        self._events = ctx.Queue()
-        self._read_q = ctx.Queue()
-        self._prefetch_q = ctx.Queue() if self._staging else None
-        parent = os.getpid()
-        read_root = self.catalog.root
-        if self._staging:
-            read_root = self._jobdir.create()
-            for i in range(cfg.staging.prefetchers):
-                self._spawn(ctx, f"stager-prefetch-{i}", prefetcher_main,
-                            (i, parent, self.catalog.root, read_root, self._prefetch_q, self._events, self._stop))
-        options = {"hdf5_key": cfg.dataset.hdf5_key}
-        for i in range(cfg.reader.workers):
-            self._spawn(ctx, f"stager-read-{i}", reader_main,
-                        (i, parent, read_root, self._loader, options, self._read_q, self._events, self._stop))
+        with _children_skip_mpi(cfg.processes.start_method):
+            read_root = self.catalog.root
+            if self._staging:
+                read_root = self._connect_service(ctx)
+            self._stop = ctx.Event()
+            self._events = ctx.Queue()
+            self._read_q = ctx.Queue()
+            options = {"hdf5_key": cfg.dataset.hdf5_key}
+            for i in range(cfg.reader.workers):
+                proc = ctx.Process(target=reader_main, name=f"stager-read-{i}", daemon=True,
+                                   args=(i, os.getpid(), read_root, self._loader, options, self._read_q,
+                                         self._events, self._stop))
+                proc.start()
+                self._procs.append(proc)
         self._coordinator = threading.Thread(target=self._coordinate, name="stager-coordinator", daemon=True)
         self._coordinator.start()
 
-    def _spawn(self, ctx, name, target, args):
-        proc = ctx.Process(target=target, args=args, name=name, daemon=True)
-        proc.start()
-        self._procs.append(proc)
+    def _connect_service(self, ctx):
+        """Starts (leader) or joins (other ranks) the node's staging service.
+
+        Returns:
+            The node-local directory to read staged files from.
+        """
+        world = self.world
+        shared = world.node_comm is not None and world.local_size > 1
+        info = None
+        if world.node_leader:
+            try:
+                path = self._jobdir.create()
+                remote = world.local_size - 1 if shared else 0
+                self._service = StagingService(self.config, self.catalog, path, remote, self.stats,
+                                               self._on_staged)
+                self._client = self._service.start(ctx)
+                info = ("ok", path, self._service.address, self._service.authkey)
+            except Exception as exc:
+                info = ("error", f"{type(exc).__name__}: {exc}")
+                if shared:
+                    world.node_comm.bcast(info, root=0)  # the node's other ranks must not wait
+                raise
+        if shared:
+            info = world.node_comm.bcast(info, root=0)
+        if info[0] == "error":
+            raise StageError(f"the node leader could not start staging: {info[1]}", stage="prefetch")
+        if not world.node_leader:
+            self._client = mpc.Client(info[2], family="AF_UNIX", authkey=info[3])
+        return info[1]
 
     def close(self):
         """Stops every worker and removes the staging directory; safe to call twice."""
+        self._shutdown(wait_for_peers=True)
+
+    def _shutdown(self, wait_for_peers):
         if self._closed:
             return
         self._closed = True
@@ -157,54 +217,35 @@ class Pipeline:
         if self._coordinator is not None:
             self._events.put(("wake",))
             self._coordinator.join(timeout=self.config.processes.shutdown_timeout_s)
-        self._stop_workers()
-        if self._jobdir is not None:
-            self._jobdir.remove()
-
-    def _stop_workers(self):
-        if not self._procs and not hasattr(self, "_stop"):
-            return
-        self._stop.set()
-        for q, count in ((self._prefetch_q, self.config.staging.prefetchers),
-                         (self._read_q, self.config.reader.workers)):
-            if q is not None:
-                for _ in range(count):
-                    q.put(None)
-        deadline = time.monotonic() + self.config.processes.shutdown_timeout_s
-        for proc in self._procs:
-            while proc.is_alive() and time.monotonic() < deadline:
-                self._drain()
-                proc.join(0.05)
-        for proc in self._procs:
-            if proc.is_alive():
-                log.warning("stager: %s (pid %s) did not stop in time; terminating", proc.name, proc.pid)
-                proc.terminate()
-                proc.join(1.0)
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
-        for q in (self._events, self._read_q, self._prefetch_q):
-            if q is not None:
+        if self._client is not None:
+            with contextlib.suppress(OSError, EOFError):
+                self._client.send(("bye",))
+            self._client.close()
+        if self._procs:
+            self._stop.set()
+            for _ in self._procs:
+                self._read_q.put(None)
+            stop_processes(self._procs, self._events, self.config.processes.shutdown_timeout_s)
+            self._procs = []
+        if hasattr(self, "_events"):
+            for q in (self._events, self._read_q):
                 q.cancel_join_thread()  # nobody will read what is left
                 q.close()
-        self._procs = []
-
-    def _drain(self):
-        try:
-            while True:
-                self._events.get_nowait()
-        except (queue.Empty, OSError, ValueError):
-            pass
+        if self._service is not None:
+            self._service.close(self.config.processes.peer_wait_s if wait_for_peers else 0)
+        if self._jobdir is not None and self.world.node_leader:
+            self._jobdir.remove()
 
     def __enter__(self):
         return self.start()
 
-    def __exit__(self, *exc_info):
-        self.close()
+    def __exit__(self, exc_type, exc, tb):
+        # On an error, peers may never arrive: do not wait for them.
+        self._shutdown(wait_for_peers=exc_type is None)
 
     def __del__(self):
         try:
-            self.close()
+            self._shutdown(wait_for_peers=False)
         except Exception:
             pass
 
@@ -225,7 +266,7 @@ class Pipeline:
             self.close()
             raise StopIteration
         if isinstance(item, BaseException):
-            self.close()
+            self._shutdown(wait_for_peers=False)
             raise item
         seq, batch = item
         self._events.put(("consumed", seq))
@@ -243,19 +284,18 @@ class Pipeline:
 
 
 class _Coordinator:
-    """The scheduling loop; lives in one thread of the parent process."""
+    """The rank's scheduling loop; lives in one thread of the rank process."""
 
     def __init__(self, pipe):
         self.pipe = pipe
-        cfg = pipe.config
-        self.catalog = pipe.catalog
-        self.lookahead = cfg.staging.lookahead if pipe._staging else pipe._read_ahead
-        self.plan = planlib.iterate(len(self.catalog), cfg.plan, *pipe._start)
+        cfg, world = pipe.config, pipe.world
+        self.lookahead = max(cfg.staging.lookahead, pipe._read_ahead) if pipe._staging else pipe._read_ahead
+        self.plan = planlib.iterate(len(pipe.catalog), cfg.plan, *pipe._start, rank=world.rank, size=world.size)
         self.exhausted = False
-        self.batches = {}       # seq -> Minibatch, from dispatch until delivered
+        self.batches = {}       # seq -> Minibatch, from request until delivered
         self.times = {}         # seq -> BatchTimes
-        self.results = {}       # seq -> Batch decoded but waiting for its turn
-        self.state = np.zeros(len(self.catalog), dtype=np.uint8)
+        self.staged = set()     # seqs whose files are all local
+        self.results = {}       # seq -> Batch decoded, waiting for its turn
         self.next_seq = 0       # next minibatch to take from the plan
         self.read_ptr = 0       # next minibatch to hand to a reader
         self.emit_ptr = 0       # next minibatch to deliver
@@ -263,19 +303,29 @@ class _Coordinator:
 
     def run(self):
         pipe = self.pipe
+        events = pipe._events
+        sources = [events._reader] + ([pipe._client] if pipe._client is not None else [])
         while not pipe._halt.is_set():
             self.schedule()
             if self.exhausted and self.emit_ptr == self.next_seq:
                 pipe._out.put(_END)
                 return
-            try:
-                msg = pipe._events.get(timeout=1.0)
-            except queue.Empty:
-                if self.check_workers():
+            ready = mpc.wait(sources, timeout=1.0)
+            if not ready:
+                if self.check_readers():
                     return
                 continue
-            if self.handle(msg):
-                return
+            for source in ready:
+                if source is pipe._client:
+                    try:
+                        msg = pipe._client.recv()
+                    except (EOFError, OSError):
+                        msg = ("error", "prefetch", "service", None, None, None, "ServiceGone",
+                               "the node's staging service (on local rank 0) is gone", None)
+                else:
+                    msg = events.get()
+                if self.handle(msg):
+                    return
 
     def schedule(self):
         pipe = self.pipe
@@ -289,37 +339,24 @@ class _Coordinator:
             self.batches[seq] = mb
             self.times[seq] = BatchTimes()
             if pipe._staging:
-                missing = mb.indices[self.state[mb.indices] == _ABSENT]
-                if len(missing):
-                    self.state[missing] = _IN_FLIGHT
-                    files = [(int(i), self.catalog.path(i), int(self.catalog.sizes[i])) for i in missing]
-                    pipe._prefetch_q.put((seq, mb.epoch, mb.step, files))
+                pipe._client.send(("need", seq, mb.epoch, mb.step, mb.indices))
+            else:
+                self.staged.add(seq)
+        catalog = pipe.catalog
         while (self.read_ptr < self.next_seq and self.read_ptr < self.consumed + pipe._read_ahead
-               and self.ready(self.read_ptr)):
+               and self.read_ptr in self.staged):
             mb = self.batches[self.read_ptr]
-            files = [(self.catalog.path(i), self.catalog.label(i)) for i in mb.indices]
+            self.staged.discard(self.read_ptr)
+            files = [(catalog.path(i), catalog.label(i)) for i in mb.indices]
             pipe._read_q.put((self.read_ptr, mb.epoch, mb.step, files))
             self.read_ptr += 1
 
-    def ready(self, seq):
-        return not self.pipe._staging or bool(np.all(self.state[self.batches[seq].indices] == _STAGED))
-
     def handle(self, msg):
         pipe, kind = self.pipe, msg[0]
-        if kind == "staged":
-            _, seq, _worker, done, seconds = msg
-            epoch = self.batches[seq].epoch
-            self.times[seq].prefetch += seconds
-            pipe.stats.prefetch_s += seconds
-            for index, nbytes in done:
-                self.state[index] = _STAGED
-                if nbytes:
-                    pipe.stats.files_staged += 1
-                    pipe.stats.bytes_staged += nbytes
-                    if pipe._on_staged is not None:
-                        pipe._on_staged(self.catalog.path(index), nbytes, epoch)
-                else:
-                    pipe.stats.files_present += 1
+        if kind == "ready":
+            _, seq, seconds = msg
+            self.staged.add(seq)
+            self.times[seq].prefetch = seconds
         elif kind == "batch":
             _, seq, _worker, samples, seconds = msg
             mb = self.batches.pop(seq)
@@ -339,12 +376,11 @@ class _Coordinator:
             return True
         return False
 
-    def check_workers(self):
-        """Reports a worker that died without saying why (killed, segfault)."""
+    def check_readers(self):
+        """Reports a reader that died without saying why (killed, segfault)."""
         for proc in self.pipe._procs:
             if proc.exitcode is not None:
                 self.pipe._out.put(StageError(
-                    f"{proc.name} (pid {proc.pid}) exited unexpectedly with code {proc.exitcode}",
-                    stage="prefetch" if "prefetch" in proc.name else "read"))
+                    f"{proc.name} (pid {proc.pid}) exited unexpectedly with code {proc.exitcode}", stage="read"))
                 return True
         return False

@@ -45,12 +45,12 @@ def _report(events, stage, worker, epoch, step, path, exc, message=None):
 def prefetcher_main(worker, parent_pid, src_root, dst_root, tasks, events, stop):
     """Copies each task's files to node-local storage and reports them staged.
 
-    A task is ``(seq, epoch, step, [(index, relpath, size), ...])``; the reply
-    is ``("staged", seq, worker, [(index, bytes_copied), ...], seconds)``.
+    A task is ``(task, epoch, step, [(index, relpath, size), ...])``; the
+    reply is ``("staged", task, worker, [(index, bytes_copied), ...], seconds, epoch)``.
     """
     _child_setup()
     failed = False
-    for seq, epoch, step, files in _tasks(tasks, stop, parent_pid):
+    for task, epoch, step, files in _tasks(tasks, stop, parent_pid):
         if failed:
             continue
         start = time.perf_counter()
@@ -64,7 +64,7 @@ def prefetcher_main(worker, parent_pid, src_root, dst_root, tasks, events, stop)
                     f"cannot stage {os.path.join(src_root, rel or '')}: {type(exc).__name__}: {exc}")
             failed = True
             continue
-        events.put(("staged", seq, worker, done, time.perf_counter() - start))
+        events.put(("staged", task, worker, done, time.perf_counter() - start, epoch))
 
 
 def reader_main(worker, parent_pid, root, loader, loader_options, tasks, events, stop):

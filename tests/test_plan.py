@@ -47,3 +47,59 @@ def test_iterate_repeats_without_end_when_epochs_is_zero():
 def test_epoch_with_no_full_minibatch_is_an_error():
     with pytest.raises(ValueError, match="no minibatch"):
         next(plan.iterate(3, PlanConfig(batch_size=4, drop_last=True)))
+
+
+def rank_epoch(n, bs, epoch, rank, size, remainder="pad", drop_last=False):
+    return plan.epoch_minibatches(n, bs, seed=4, epoch=epoch, drop_last=drop_last, rank=rank, size=size,
+                                  remainder=remainder)
+
+
+@pytest.mark.parametrize("n,size", [(96, 4), (100, 4), (7, 3), (1000, 8)])
+def test_ranks_split_each_epoch_with_equal_steps(n, size):
+    per_rank = [rank_epoch(n, 5, 1, r, size) for r in range(size)]
+    assert len({len(b) for b in per_rank}) == 1, "every rank must take the same number of steps"
+    for step in range(len(per_rank[0])):
+        assert len({len(b[step]) for b in per_rank}) == 1
+    flat = np.concatenate([np.concatenate(b) for b in per_rank])
+    counts = np.bincount(flat, minlength=n)
+    assert counts.min() >= 1, "pad: every sample is read"
+    assert counts.sum() == n + (-n) % size and counts.max() <= 2
+
+
+@pytest.mark.parametrize("n,size", [(100, 4), (103, 4), (7, 3)])
+def test_drop_remainder_reads_each_sample_at_most_once(n, size):
+    flat = np.concatenate([np.concatenate(rank_epoch(n, 5, 0, r, size, remainder="drop")) for r in range(size)])
+    assert len(flat) == n - n % size and len(set(flat.tolist())) == len(flat)
+
+
+def test_rank_shares_interleave_global_minibatches():
+    order = plan.permutation(40, seed=4, epoch=0)
+    r0, r1 = rank_epoch(40, 5, 0, 0, 2), rank_epoch(40, 5, 0, 1, 2)
+    assert np.array_equal(np.concatenate([r0[0], r1[0], r0[1], r1[1]]), order[:20])
+
+
+def test_drop_last_drops_the_short_global_minibatch():
+    batches = [rank_epoch(100, 8, 0, r, 4, drop_last=True) for r in range(4)]
+    assert all(len(b) == 3 and all(len(x) == 8 for x in b) for b in batches)
+
+
+def test_rank_outside_the_world_is_rejected():
+    with pytest.raises(ValueError, match="rank 4 outside a world of size 4"):
+        next(plan.iterate(10, PlanConfig(), rank=4, size=4))
+
+
+def test_1024_ranks_of_a_1_28m_catalog_read_every_sample_once_per_epoch():
+    n, size, bs = 1_281_024, 1024, 32  # ImageNet-1k scale, a multiple of 1,024 ranks
+    for epoch in (0, 1):
+        # Each rank computes the same order from (seed, epoch) alone; computed
+        # once here to keep the test fast, then cut for every rank.
+        order = plan.epoch_order(n, 4, epoch, size=size)
+        seen = np.zeros(n, dtype=np.int32)
+        steps = {len(plan.rank_share(order, bs, False, r, size)) for r in range(size)}
+        for rank in range(size):
+            np.add.at(seen, np.concatenate(plan.rank_share(order, bs, False, rank, size)), 1)
+        assert steps == {plan.steps_per_epoch(n, bs, False, size)}
+        assert seen.min() == 1 and seen.max() == 1
+    for rank in (0, 1023):
+        direct = plan.epoch_minibatches(n, bs, 4, 1, rank=rank, size=size)
+        assert all(np.array_equal(a, b) for a, b in zip(direct, plan.rank_share(order, bs, False, rank, size)))

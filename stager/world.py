@@ -1,0 +1,153 @@
+"""Who this process is among the job's ranks, and which ranks share its node.
+
+With an MPI launcher (mpiexec, mpirun, srun --mpi=pmi2), mpi4py gives the
+rank, the size and, through ``Split_type(COMM_TYPE_SHARED)``, the ranks that
+share this node. Without MPI, the launcher's variables give rank and size
+(Open MPI, PMI, Slurm, torchrun), and each rank stages for itself. mpi4py is
+imported only here and only in the rank process: prefetcher and reader
+children never initialise MPI.
+
+``STAGER_NODE_ID`` overrides the node identity: ranks with equal values form
+one node with its own staging directory. It emulates several nodes on one
+machine, e.g. ``mpiexec -n 2 -env STAGER_NODE_ID a CMD : -n 2 -env STAGER_NODE_ID b CMD``.
+"""
+
+import os
+import socket
+import sys
+import traceback
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from .errors import StagerError
+
+NODE_ENV = "STAGER_NODE_ID"
+
+# Variables that only an MPI launcher (Hydra, ORTE/PRRTE, Slurm's PMI) sets.
+_MPI_LAUNCH_VARS = ("PMI_RANK", "PMI_FD", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS")
+
+# (rank, size, local rank, local size) as each launcher names them.
+_ENV_SCHEMES = (
+    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"),
+    ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
+    ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", None),
+    ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"),
+)
+
+
+@dataclass(frozen=True)
+class World:
+    """This process's place in the job.
+
+    Attributes:
+        rank: Global rank.
+        size: Number of ranks.
+        node: Node name (``STAGER_NODE_ID`` if set, else the host name).
+        node_index: Index of the node among the job's nodes (sorted names).
+        nodes: Number of nodes.
+        local_rank: Rank among the ranks of this node.
+        local_size: Ranks on this node.
+        comm: mpi4py communicator of all ranks (a duplicate of COMM_WORLD),
+            or None without MPI.
+        node_comm: mpi4py communicator of this node's ranks, or None.
+        source: How the world was found: ``mpi``, ``env:<VAR>`` or ``single``.
+    """
+
+    rank: int = 0
+    size: int = 1
+    node: str = ""
+    node_index: int = 0
+    nodes: int = 1
+    local_rank: int = 0
+    local_size: int = 1
+    comm: Optional[Any] = None
+    node_comm: Optional[Any] = None
+    source: str = "single"
+
+    @property
+    def node_leader(self):
+        """True on the rank that runs its node's staging service."""
+        return self.local_rank == 0 or self.node_comm is None
+
+    @property
+    def emulated_node(self):
+        """True when ``STAGER_NODE_ID`` names the node (several per machine)."""
+        return bool(os.environ.get(NODE_ENV))
+
+
+def _launched_by_mpi():
+    return any(v in os.environ for v in _MPI_LAUNCH_VARS)
+
+
+def _from_mpi():
+    from mpi4py import MPI  # deferred: never imported by workers or MPI-less runs
+
+    comm = MPI.COMM_WORLD.Dup()  # our collectives never mix with the user's
+    override = os.environ.get(NODE_ENV)
+    name = override or MPI.Get_processor_name()
+    names = comm.allgather(name)
+    ordered = sorted(set(names))
+    if override:
+        node_comm = comm.Split(ordered.index(name), comm.Get_rank())
+    else:
+        node_comm = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+    return World(rank=comm.Get_rank(), size=comm.Get_size(), node=name, node_index=ordered.index(name),
+                 nodes=len(ordered), local_rank=node_comm.Get_rank(), local_size=node_comm.Get_size(),
+                 comm=comm, node_comm=node_comm, source="mpi")
+
+
+def _from_env():
+    node = os.environ.get(NODE_ENV) or socket.gethostname()
+    for rank_var, size_var, local_var, local_size_var in _ENV_SCHEMES:
+        if rank_var in os.environ and size_var in os.environ:
+            try:
+                rank, size = int(os.environ[rank_var]), int(os.environ[size_var])
+                local = int(os.environ.get(local_var, 0))
+                local_size = int(os.environ.get(local_size_var, 1)) if local_size_var else 1
+            except ValueError as exc:
+                raise StagerError(f"launcher variable {rank_var}/{size_var} is not an integer: {exc}") from None
+            if not 0 <= rank < size:
+                raise StagerError(f"{rank_var}={rank} is outside {size_var}={size}")
+            # Without a communicator the ranks cannot share a staging
+            # service, so each one stages for itself (its own "node").
+            return World(rank=rank, size=size, node=node, node_index=rank, nodes=size, local_rank=local,
+                         local_size=local_size, source=f"env:{rank_var}")
+    return World(node=node)
+
+
+def detect(mpi="auto"):
+    """Finds this process's world.
+
+    Args:
+        mpi: ``auto`` (MPI when an MPI launcher started us), ``on`` or ``off``.
+
+    Returns:
+        A World.
+    """
+    if mpi == "on" or (mpi == "auto" and _launched_by_mpi()):
+        try:
+            return _from_mpi()
+        except ImportError:
+            if mpi == "on":
+                raise StagerError("world.mpi is 'on' but mpi4py cannot be imported") from None
+    return _from_env()
+
+
+def install_abort_hook(world):
+    """Makes an uncaught exception on any rank abort the whole MPI job.
+
+    Without it, one rank's failure leaves its peers waiting in a collective
+    until the allocation ends. The hook prints the rank and the error, then
+    calls ``MPI_Abort``. Nothing happens without a communicator.
+    """
+    if world.comm is None:
+        return
+
+    def hook(kind, value, tb):
+        text = "".join(traceback.format_exception(kind, value, tb))
+        sys.stderr.write(f"stager: rank {world.rank} of {world.size} on {world.node}: uncaught error, "
+                         f"aborting the job\n{text}")
+        sys.stderr.flush()
+        world.comm.Abort(1)
+
+    sys.excepthook = hook
