@@ -13,11 +13,16 @@ from .errors import StagerError
 
 def _cmd_run(args):
     from .runner import run_job
+    from .world import abort_on_error, detect
 
     cfg = load_config(args.config, args.set)
-    summary = run_job(cfg, report=args.report, record=args.record, progress=not args.quiet)
-    s = summary
-    print(f"{s['mode']}: {s['batches']} minibatches, {s['samples']} samples in {s['wall_s']:.2f} s "
+    world = detect(cfg.world.mpi)
+    with abort_on_error(world):  # one rank's failure must end the job, not hang it
+        s = run_job(cfg, report=args.report, record=args.record, progress=not args.quiet, world=world)
+    if world.rank != 0:
+        return 0
+    ranks = f" on {world.size} ranks, {world.nodes} node(s)" if world.size > 1 else ""
+    print(f"{s['mode']}{ranks}: {s['batches']} minibatches, {s['samples']} samples in {s['wall_s']:.2f} s "
           f"({s['samples_per_s']:.1f} samples/s); stalled {s['stall_s']:.2f} s ({s['stall_fraction']:.1%}); "
           f"staged {s['files_staged']} files, {s['bytes_staged'] / 1e6:.1f} MB")
     if args.report:

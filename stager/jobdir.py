@@ -12,6 +12,7 @@ import stat
 import uuid
 
 from .errors import ConfigError
+from .janitor import Janitor
 
 
 def local_base(configured):
@@ -69,9 +70,14 @@ class JobDir:
             raise ConfigError(f"staging.local_dir {base} lies inside the dataset source {src}; "
                               "stager never writes to the shared file system")
         self._created = False
+        self._janitor = None
 
     def create(self):
-        """Makes the directory 0700; reuses one this user already owns (a kept job)."""
+        """Makes the directory 0700; reuses one this user already owns (a kept job).
+
+        Unless ``keep`` is set, a janitor process removes the directory should
+        this process die before ``remove()``.
+        """
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
         try:
             os.mkdir(self.path, 0o700)
@@ -82,6 +88,8 @@ class JobDir:
                                   "owned by this user") from None
         os.chmod(self.path, 0o700)
         self._created = True
+        if not self.keep:
+            self._janitor = Janitor(self.path)
         return self.path
 
     def remove(self):
@@ -89,3 +97,6 @@ class JobDir:
         if self._created and not self.keep:
             shutil.rmtree(self.path, ignore_errors=True)
         self._created = False
+        if self._janitor is not None:
+            self._janitor.release()
+            self._janitor = None

@@ -206,7 +206,7 @@ class Pipeline:
         """Stops every worker and removes the staging directory; safe to call twice."""
         self._shutdown(wait_for_peers=True)
 
-    def _shutdown(self, wait_for_peers):
+    def _shutdown(self, wait_for_peers, error=None):
         if self._closed:
             return
         self._closed = True
@@ -219,6 +219,10 @@ class Pipeline:
             self._coordinator.join(timeout=self.config.processes.shutdown_timeout_s)
         if self._client is not None:
             with contextlib.suppress(OSError, EOFError):
+                if error is not None and self._service is not None:
+                    # The node's other ranks learn why their staging stops.
+                    reason = str(error).split("\n\nOriginal traceback")[0]
+                    self._client.send(("fail", f"rank {self.world.rank} failed: {type(error).__name__}: {reason}"))
                 self._client.send(("bye",))
             self._client.close()
         if self._procs:
@@ -241,7 +245,7 @@ class Pipeline:
 
     def __exit__(self, exc_type, exc, tb):
         # On an error, peers may never arrive: do not wait for them.
-        self._shutdown(wait_for_peers=exc_type is None)
+        self._shutdown(wait_for_peers=exc_type is None, error=exc)
 
     def __del__(self):
         try:
@@ -266,7 +270,7 @@ class Pipeline:
             self.close()
             raise StopIteration
         if isinstance(item, BaseException):
-            self._shutdown(wait_for_peers=False)
+            self._shutdown(wait_for_peers=False, error=item)
             raise item
         seq, batch = item
         self._events.put(("consumed", seq))

@@ -9,16 +9,17 @@ and writes the report and the records.
 import contextlib
 import json
 import os
-import socket
 import time
 
 from . import plan as planlib
-from .catalog import Catalog
-from .errors import ConfigError
+from .catalog import Catalog, broadcast_catalog
+from .config import config_from_dict
+from .errors import ConfigError, StagerError
 from .pipeline import Pipeline
 from .progress import Progress
 from .slowfs import SlowFS
 from .synth import MANIFEST, make_dataset
+from .world import detect
 
 
 def ensure_synthetic(cfg, progress=True):
@@ -44,31 +45,60 @@ def ensure_synthetic(cfg, progress=True):
     return cfg.replace(dataset={"manifest": MANIFEST})
 
 
-def prepare_source(cfg, stack, progress=True):
+def prepare_source(cfg, stack, progress=True, world=None):
     """Makes the configured source readable, mounting the emulator in ``stack`` if asked.
+
+    Under MPI only rank 0 creates the synthetic dataset and mounts the
+    emulator (a single-machine tool); the other ranks receive the result.
 
     Returns:
         The config whose ``dataset.source`` is where the pipeline should read.
     """
-    cfg = ensure_synthetic(cfg, progress)
-    if cfg.slowfs.enabled:
-        mnt = stack.enter_context(SlowFS(cfg.dataset.source, open_ms=cfg.slowfs.open_ms, mbps=cfg.slowfs.mbps))
-        manifest = cfg.dataset.manifest
-        if manifest and os.path.isabs(manifest):
-            manifest = os.path.relpath(manifest, cfg.dataset.source)
-        cfg = cfg.replace(dataset={"source": mnt, "manifest": manifest})
-    return cfg
+    comm = world.comm if world is not None else None
+    outcome = None
+    if comm is None or comm.Get_rank() == 0:
+        try:
+            cfg = ensure_synthetic(cfg, progress)
+            if cfg.slowfs.enabled:
+                mnt = stack.enter_context(SlowFS(cfg.dataset.source, open_ms=cfg.slowfs.open_ms,
+                                                 mbps=cfg.slowfs.mbps))
+                manifest = cfg.dataset.manifest
+                if manifest and os.path.isabs(manifest):
+                    manifest = os.path.relpath(manifest, cfg.dataset.source)
+                cfg = cfg.replace(dataset={"source": mnt, "manifest": manifest})
+            outcome = ("ok", cfg.to_dict())
+        except Exception as exc:
+            outcome = ("error", f"{type(exc).__name__}: {exc}")
+            if comm is not None:
+                comm.bcast(outcome, root=0)
+            raise
+    if comm is None:
+        return cfg
+    outcome = comm.bcast(outcome, root=0)
+    if outcome[0] == "error":
+        raise StagerError(f"rank 0 could not prepare the dataset: {outcome[1]}")
+
+    def leave_together(exc_type, exc, tb):
+        # Rank 0 unmounts after every rank is done reading; on an error a
+        # peer may never arrive, and the job is being aborted anyway.
+        if exc_type is None:
+            comm.Barrier()
+
+    stack.push(leave_together)
+    return config_from_dict(outcome[1])
 
 
 class Recorder:
-    """Writes what was read (``rank-<r>.jsonl``) and staged (``staged-<node>.jsonl``)."""
+    """Writes what was read (``rank-<r>.jsonl``) and, on node leaders, what was staged
+    (``staged-<node>.jsonl``)."""
 
-    def __init__(self, directory, catalog, rank=0, node=None):
+    def __init__(self, directory, catalog, world):
         os.makedirs(directory, exist_ok=True)
         self.catalog = catalog
-        node = node or socket.gethostname()
-        self._reads = open(os.path.join(directory, f"rank-{rank}.jsonl"), "w", encoding="utf-8")
-        self._staged = open(os.path.join(directory, f"staged-{node}.jsonl"), "w", encoding="utf-8")
+        self._reads = open(os.path.join(directory, f"rank-{world.rank}.jsonl"), "w", encoding="utf-8")
+        self._staged = None
+        if world.node_leader:
+            self._staged = open(os.path.join(directory, f"staged-{world.node}.jsonl"), "w", encoding="utf-8")
 
     def batch(self, batch):
         paths = [self.catalog.path(i) for i in batch.indices]
@@ -79,34 +109,59 @@ class Recorder:
 
     def close(self):
         self._reads.close()
-        self._staged.close()
+        if self._staged is not None:
+            self._staged.close()
 
 
-def run_job(cfg, report=None, record=None, progress=True):
-    """Runs the configured job and returns its totals.
+def _combine(summaries):
+    """Job totals from every rank's summary (gathered on rank 0)."""
+    first = summaries[0]
+    total = dict(first)
+    for key in ("batches", "samples", "files_staged", "bytes_staged", "files_present", "prefetch_busy_s",
+                "read_busy_s", "compute_s"):
+        total[key] = round(sum(s[key] for s in summaries), 4) if isinstance(first[key], float) else \
+            sum(s[key] for s in summaries)
+    total["wall_s"] = max(s["wall_s"] for s in summaries)
+    total["stall_s"] = max(s["stall_s"] for s in summaries)  # the slowest rank sets the pace
+    total["stall_fraction"] = round(total["stall_s"] / total["wall_s"], 4) if total["wall_s"] else 0.0
+    total["samples_per_s"] = round(total["samples"] / total["wall_s"], 2) if total["wall_s"] else 0.0
+    total["ranks"] = [{k: s[k] for k in ("rank", "node", "batches", "samples", "files_staged", "wall_s",
+                                         "stall_s")} for s in summaries]
+    return total
+
+
+def run_job(cfg, report=None, record=None, progress=True, world=None):
+    """Runs the configured job on this rank and returns the job's totals.
 
     Args:
         cfg: A ``Config``.
-        report: Path of a JSON file for the totals, or None.
-        record: Directory for per-minibatch and per-staged-file records, or None.
-        progress: Show a progress bar.
+        report: Path of a JSON file for the totals (written by rank 0), or None.
+        record: Directory for per-rank and per-node records, or None.
+        progress: Show a progress bar (rank 0 only).
+        world: A ``World``; default: detected from ``cfg.world.mpi``.
 
     Returns:
-        A dictionary of totals (see ``Stats.summary``) plus ``epochs``, ``mode``
-        and the effective config.
+        On rank 0 (or without MPI), the job's totals: sums over ranks of
+        batches, samples, files and bytes staged; the slowest rank's wall and
+        stall seconds; and one entry per rank under ``ranks``. On other
+        ranks, this rank's own summary.
     """
+    world = world if world is not None else detect(cfg.world.mpi)
+    progress = progress and world.rank == 0
     with contextlib.ExitStack() as stack:
-        cfg = prepare_source(cfg, stack, progress)
-        catalog = Catalog.load(cfg.dataset)
+        cfg = prepare_source(cfg, stack, progress, world)
+        catalog = broadcast_catalog(world.comm, lambda: Catalog.load(cfg.dataset))
         recorder = None
         if record:
-            recorder = Recorder(record, catalog)
+            recorder = Recorder(record, catalog, world)
             stack.callback(recorder.close)
-        steps = planlib.steps_per_epoch(len(catalog), cfg.plan.batch_size, cfg.plan.drop_last)
+        steps = planlib.steps_per_epoch(len(catalog), cfg.plan.batch_size, cfg.plan.drop_last, world.size,
+                                        cfg.plan.remainder)
         total = steps * cfg.plan.epochs if cfg.plan.epochs else 0
         if cfg.run.max_batches:
             total = min(total, cfg.run.max_batches) if total else cfg.run.max_batches
-        pipe = stack.enter_context(Pipeline(cfg, catalog, on_staged=recorder.staged if recorder else None))
+        pipe = stack.enter_context(Pipeline(cfg, catalog, world=world,
+                                            on_staged=recorder.staged if recorder else None))
         bar = Progress(total, "staged run" if cfg.staging.enabled else "direct run", "minibatches",
                        enabled=progress)
         compute_s = cfg.run.compute_ms / 1000.0
@@ -124,10 +179,16 @@ def run_job(cfg, report=None, record=None, progress=True):
         wall = time.perf_counter() - begin
         bar.close()
     summary = {"mode": "staged" if cfg.staging.enabled else "direct", "epochs": len(epochs),
-               "samples_in_catalog": len(catalog)}
+               "samples_in_catalog": len(catalog), "world_size": world.size, "nodes": world.nodes,
+               "rank": world.rank, "node": world.node}
     summary.update(pipe.stats.summary(wall))
     summary["compute_s"] = round(compute_s * summary["batches"], 4)
     summary["config"] = cfg.to_dict()
+    if world.comm is not None:
+        gathered = world.comm.gather(summary, root=0)
+        if world.rank != 0:
+            return summary
+        summary = _combine(gathered)
     if report:
         with open(report, "w", encoding="utf-8") as fh:
             json.dump(summary, fh, indent=2)

@@ -192,6 +192,12 @@ class _Loop:
             msg = conn.recv()
         except (EOFError, OSError):
             msg = ("bye",)
+        if msg[0] == "fail":
+            failure = ("error", "pipeline", "node leader", None, None, None, "PeerFailed", msg[1], None)
+            for other in self.clients:
+                if other is not conn:
+                    self.send(other, failure)
+            return
         if msg[0] == "bye":
             self.clients.remove(conn)
             self.waiting = [w for w in self.waiting if w[0] is not conn]

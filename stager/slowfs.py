@@ -102,13 +102,44 @@ def _operations(root, open_s, bytes_per_s, ready_fd):
     return SlowPassthrough()
 
 
-def serve(source, mountpoint, open_ms, mbps, ready_fd=None):
-    """Runs the file system in the foreground until it is unmounted."""
+def _unmount_when_owner_dies(owner_fd, mountpoint, owner_gone):
+    # Blocks until the owner closes its end of the pipe, which the kernel does
+    # when the owner dies, however it dies. A clean owner unmounts first, so
+    # the daemon is usually gone before this returns.
+    while os.read(owner_fd, 1024):
+        pass
+    owner_gone.set()
+    subprocess.run([_fusermount(), "-u", "-z", mountpoint], capture_output=True)
+
+
+def serve(source, mountpoint, open_ms, mbps, ready_fd=None, owner_fd=None, remove_mountpoint=False):
+    """Runs the file system in the foreground until it is unmounted.
+
+    Args:
+        source: Directory to expose.
+        mountpoint: Where to mount.
+        open_ms: Latency per open, in milliseconds.
+        mbps: Shared bandwidth cap in MB/s; 0 = unlimited.
+        ready_fd: File descriptor to write ``ready`` to once mounted.
+        owner_fd: Read end of a pipe held by the owner; when it reaches EOF
+            (the owner died) the file system unmounts itself.
+        remove_mountpoint: With ``owner_fd``, also remove the mount point then.
+    """
     import mfusepy
+
+    owner_gone = threading.Event()
+    if owner_fd is not None:
+        threading.Thread(target=_unmount_when_owner_dies, args=(owner_fd, mountpoint, owner_gone),
+                         daemon=True).start()
 
     ops = _operations(source, open_ms / 1000.0, mbps * 1e6, ready_fd)
     mfusepy.FUSE(ops, mountpoint, foreground=True, nothreads=False, ro=True,
                  fsname=f"{FSNAME}:{os.getpid()}", default_permissions=True)
+    if owner_gone.is_set() and remove_mountpoint:
+        try:
+            os.rmdir(mountpoint)  # the owner made it and can no longer remove it
+        except OSError:
+            pass
 
 
 def _mount_entry(mountpoint):
@@ -128,7 +159,8 @@ def _fusermount():
     return tool
 
 
-def mount(source, mountpoint, open_ms=10.0, mbps=0.0, timeout_s=30.0, log_path=None):
+def mount(source, mountpoint, open_ms=10.0, mbps=0.0, timeout_s=30.0, log_path=None, owner_fd=None,
+          remove_mountpoint=False):
     """Starts the emulator as a background process and waits until it is mounted.
 
     Args:
@@ -138,6 +170,10 @@ def mount(source, mountpoint, open_ms=10.0, mbps=0.0, timeout_s=30.0, log_path=N
         mbps: Shared bandwidth cap in MB/s; 0 = unlimited.
         timeout_s: How long to wait for the mount.
         log_path: File for the daemon's output; default: discarded.
+        owner_fd: Read end of a pipe whose write end the caller keeps open
+            while it owns the mount; the mount ends itself at EOF. None: the
+            mount lasts until ``umount`` (the ``stager slowfs`` command).
+        remove_mountpoint: With ``owner_fd``, remove the mount point too.
 
     Returns:
         The daemon's ``subprocess.Popen``.
@@ -157,7 +193,11 @@ def mount(source, mountpoint, open_ms=10.0, mbps=0.0, timeout_s=30.0, log_path=N
     log = open(log_path, "ab") if log_path else subprocess.DEVNULL
     cmd = [sys.executable, "-m", "stager.slowfs", os.path.abspath(source), os.path.abspath(mountpoint),
            "--open-ms", str(open_ms), "--mbps", str(mbps), "--ready-fd", str(write_fd)]
-    proc = subprocess.Popen(cmd, pass_fds=(write_fd,), stdin=subprocess.DEVNULL, stdout=log,
+    fds = (write_fd,)
+    if owner_fd is not None:
+        cmd += ["--owner-fd", str(owner_fd)] + (["--remove-mountpoint"] if remove_mountpoint else [])
+        fds += (owner_fd,)
+    proc = subprocess.Popen(cmd, pass_fds=fds, stdin=subprocess.DEVNULL, stdout=log,
                             stderr=subprocess.PIPE if log is subprocess.DEVNULL else log, start_new_session=True)
     os.close(write_fd)
     try:
@@ -217,6 +257,9 @@ def _wait_pid_exit(pid, timeout_s):
 class SlowFS:
     """Mounts ``source`` read-only through the emulator for a ``with`` block.
 
+    The mount is tied to this process: should it die without unmounting,
+    the daemon unmounts (and removes a temporary mount point) by itself.
+
     Args:
         source: Directory to expose.
         mountpoint: Where to mount; default: a new temporary directory,
@@ -238,11 +281,16 @@ class SlowFS:
         if self.mountpoint is None:
             self.mountpoint = tempfile.mkdtemp(prefix="stager-slowfs-")
             self._made_dir = True
+        owner_read, self._owner = os.pipe()
         try:
-            self._proc = mount(self.source, self.mountpoint, self.open_ms, self.mbps)
+            self._proc = mount(self.source, self.mountpoint, self.open_ms, self.mbps, owner_fd=owner_read,
+                               remove_mountpoint=self._made_dir)
         except BaseException:
+            os.close(self._owner)
             self._cleanup_dir()
             raise
+        finally:
+            os.close(owner_read)
         return self.mountpoint
 
     def __exit__(self, *exc_info):
@@ -264,6 +312,7 @@ class SlowFS:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        os.close(self._owner)
         self._cleanup_dir()
 
     def _cleanup_dir(self):
@@ -279,8 +328,11 @@ def main(argv=None):
     parser.add_argument("--open-ms", type=float, default=10.0)
     parser.add_argument("--mbps", type=float, default=0.0)
     parser.add_argument("--ready-fd", type=int, default=None)
+    parser.add_argument("--owner-fd", type=int, default=None)
+    parser.add_argument("--remove-mountpoint", action="store_true")
     args = parser.parse_args(argv)
-    serve(args.source, args.mountpoint, args.open_ms, args.mbps, args.ready_fd)
+    serve(args.source, args.mountpoint, args.open_ms, args.mbps, args.ready_fd, args.owner_fd,
+          args.remove_mountpoint)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ one node with its own staging directory. It emulates several nodes on one
 machine, e.g. ``mpiexec -n 2 -env STAGER_NODE_ID a CMD : -n 2 -env STAGER_NODE_ID b CMD``.
 """
 
+import contextlib
 import os
 import socket
 import sys
@@ -133,6 +134,30 @@ def detect(mpi="auto"):
     return _from_env()
 
 
+def _abort(world, text, code):
+    sys.stderr.write(f"stager: rank {world.rank} of {world.size} on {world.node}: {text}\n"
+                     "stager: aborting the MPI job so that no rank waits for this one\n")
+    sys.stderr.flush()
+    world.comm.Abort(code)
+
+
+@contextlib.contextmanager
+def abort_on_error(world):
+    """Aborts the whole MPI job when the block raises an exception.
+
+    The block's own clean-up (``with`` blocks inside it) runs first. Without a
+    communicator, or with one rank, the exception simply propagates.
+    SystemExit and KeyboardInterrupt propagate too: a signal reaches every
+    rank, and each cleans up on its own.
+    """
+    try:
+        yield
+    except Exception as exc:
+        if world.comm is None or world.size == 1:
+            raise
+        _abort(world, f"error: {type(exc).__name__}: {exc}", 2 if isinstance(exc, StagerError) else 1)
+
+
 def install_abort_hook(world):
     """Makes an uncaught exception on any rank abort the whole MPI job.
 
@@ -144,10 +169,6 @@ def install_abort_hook(world):
         return
 
     def hook(kind, value, tb):
-        text = "".join(traceback.format_exception(kind, value, tb))
-        sys.stderr.write(f"stager: rank {world.rank} of {world.size} on {world.node}: uncaught error, "
-                         f"aborting the job\n{text}")
-        sys.stderr.flush()
-        world.comm.Abort(1)
+        _abort(world, "uncaught error:\n" + "".join(traceback.format_exception(kind, value, tb)), 1)
 
     sys.excepthook = hook

@@ -1,0 +1,46 @@
+"""Removes a job's staging directory if its owner dies without doing so.
+
+The owner (the node leader) starts a small Python process with a pipe on its standard input and keeps the write end. On a clean close the
+owner removes the directory itself, writes ``done`` and closes the pipe; the
+janitor exits. If the owner is killed (SIGKILL, ``MPI_Abort``, out of memory)
+the kernel closes the pipe without ``done``, and the janitor removes the
+directory. The janitor runs in its own session so that a kill aimed at the
+owner's process group does not take it along.
+"""
+
+import subprocess
+import sys
+
+# Run with ``python -c`` so that the janitor imports nothing of stager: it
+# starts in milliseconds and cannot be broken by the package's state.
+_SCRIPT = """
+import shutil, sys
+message = sys.stdin.buffer.read()  # returns at EOF: the owner closed the pipe or died
+if not message.startswith(b"done"):
+    shutil.rmtree(sys.argv[1], ignore_errors=True)
+"""
+
+
+class Janitor:
+    """Owns the janitor process of one directory."""
+
+    def __init__(self, path):
+        self.proc = subprocess.Popen([sys.executable, "-c", _SCRIPT, path], stdin=subprocess.PIPE,
+                                     stdout=subprocess.DEVNULL, start_new_session=True)
+
+    def release(self, timeout_s=10.0):
+        """Tells the janitor the owner cleaned up (or keeps the directory) and waits for it."""
+        if self.proc is None:
+            return
+        proc, self.proc = self.proc, None
+        try:
+            proc.stdin.write(b"done\n")
+            proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
