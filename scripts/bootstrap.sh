@@ -49,6 +49,18 @@ case "$what" in
     exec .venv/bin/stager demo
     ;;
   test)
-    exec .venv/bin/python -m pytest -p no:cacheprovider tests
+    # The rank-level suite runs inside every rank of a real MPI job: one rank,
+    # then four ranks as two emulated nodes. Then the whole suite, which also
+    # launches mpiexec jobs of its own. Every MPI job has a time limit.
+    py=.venv/bin/python
+    mpi=.venv/bin/mpiexec
+    args=(-m pytest -p no:cacheprovider -q tests/mpi)
+    echo "bootstrap: tests/mpi under mpiexec -n 1"
+    timeout 600 "$mpi" -n 1 "$py" "${args[@]}"
+    echo "bootstrap: tests/mpi under mpiexec -n 4 (2 emulated nodes of 2 ranks)"
+    timeout 600 "$mpi" -n 2 -env STAGER_NODE_ID node-a "$py" "${args[@]}" \
+                     : -n 2 -env STAGER_NODE_ID node-b "$py" "${args[@]}"
+    echo "bootstrap: the whole test suite"
+    exec "$py" -m pytest -p no:cacheprovider tests
     ;;
 esac

@@ -73,6 +73,10 @@ class Catalog:
         """Returns the relative path of sample ``index``."""
         return self._blob[self._offsets[index]:self._offsets[index + 1]].decode("utf-8")
 
+    def paths_blob(self):
+        """All relative paths, UTF-8, concatenated (see ``path`` for the cut)."""
+        return self._blob
+
     def paths(self):
         """Returns all relative paths as a list."""
         return [self.path(i) for i in range(len(self))]

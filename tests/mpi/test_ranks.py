@@ -1,0 +1,124 @@
+"""Run inside every rank: ``mpiexec -n N python -m pytest tests/mpi`` at any N,
+with or without ``STAGER_NODE_ID`` emulating nodes; plain pytest runs them as
+a single MPI process. Every test makes all its collective calls before it
+asserts, so a failing rank cannot leave the others waiting."""
+
+import os
+import shutil
+import tempfile
+import zlib
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from stager import plan
+from stager.catalog import Catalog, broadcast_catalog
+from stager.config import config_from_dict
+from stager.errors import CatalogError
+from stager.pipeline import Pipeline
+from stager.synth import make_dataset
+from stager.world import detect
+
+MPI = pytest.importorskip("mpi4py.MPI")
+
+
+@pytest.fixture(scope="module")
+def world():
+    return detect("on")
+
+
+@pytest.fixture(scope="module")
+def shared_dir(world):
+    path = world.comm.bcast(tempfile.mkdtemp(prefix="stager-mpi-") if world.rank == 0 else None, root=0)
+    if world.rank == 0:
+        make_dataset(os.path.join(path, "data"), 120, nbytes=2048, classes=3, seed=2, progress=False)
+    world.comm.Barrier()
+    yield path
+    world.comm.Barrier()
+    if world.rank == 0:
+        shutil.rmtree(path)
+
+
+def test_world_matches_comm_world_and_groups_nodes(world):
+    cw = MPI.COMM_WORLD
+    names = cw.allgather(world.node)
+    locals_ = cw.allgather((world.node, world.local_rank, world.local_size, world.node_index, world.nodes))
+    assert (world.rank, world.size, world.source) == (cw.Get_rank(), cw.Get_size(), "mpi")
+    expected_node = os.environ.get("STAGER_NODE_ID") or MPI.Get_processor_name()
+    assert world.node == expected_node
+    for node in set(names):
+        members = [x for x in locals_ if x[0] == node]
+        assert sorted(x[1] for x in members) == list(range(len(members)))
+        assert {x[2] for x in members} == {len(members)}
+    assert {x[4] for x in locals_} == {len(set(names))}
+    assert sorted({x[3] for x in locals_}) == list(range(len(set(names))))
+
+
+def test_world_from_launcher_variables_agrees_without_mpi(world):
+    fallback = detect("off")
+    assert (fallback.rank, fallback.size) == (world.rank, world.size) or fallback.source == "single"
+    assert fallback.comm is None
+
+
+def test_catalog_is_built_once_and_broadcast(world, shared_dir):
+    builds = []
+
+    def build():
+        builds.append(world.rank)
+        return Catalog.from_manifest(os.path.join(shared_dir, "data"), "manifest.tsv")
+
+    catalog = broadcast_catalog(world.comm, build)
+    digests = world.comm.allgather((zlib.crc32(catalog.paths_blob()), catalog.sizes.sum(), catalog.labels.sum(), len(catalog)))
+    who_built = world.comm.allgather(builds)
+    assert len(set(digests)) == 1
+    assert [b for b in who_built if b] == [[0]]
+    assert catalog == Catalog.from_manifest(os.path.join(shared_dir, "data"), "manifest.tsv")
+
+
+def test_a_catalog_error_on_rank_0_is_raised_on_every_rank(world, shared_dir):
+    def build():
+        return Catalog.from_manifest(os.path.join(shared_dir, "data"), "no-such-manifest.tsv")
+
+    with pytest.raises(CatalogError, match="no-such-manifest.tsv"):
+        broadcast_catalog(world.comm, build)
+
+
+def test_pipelines_share_each_epoch_and_each_node_stages_once(world, shared_dir):
+    local = os.path.join(shared_dir, "local")
+    cfg = config_from_dict({
+        "dataset": {"source": os.path.join(shared_dir, "data"), "manifest": "manifest.tsv", "loader": "raw"},
+        "plan": {"batch_size": 5, "epochs": 2, "seed": 9},
+        "staging": {"local_dir": local, "prefetchers": 2, "lookahead": 3},
+        "reader": {"workers": 2},
+    })
+    with Pipeline(cfg, world=world) as pipe:
+        mine = [(b.epoch, b.step, b.indices.tolist(), [s[0] for s in b.samples]) for b in pipe]
+        staged = pipe.stats.files_staged
+        local_dir = pipe.local_dir
+        catalog = pipe.catalog
+    everyone = world.comm.allgather(mine)
+    staged_per_node = world.comm.allgather((world.node, world.local_rank, staged, local_dir))
+    world.comm.Barrier()
+    left = os.listdir(local)
+
+    n = len(catalog)
+    for epoch in (0, 1):
+        counts = Counter(i for seq in everyone for e, _, idx, _ in seq if e == epoch for i in idx)
+        assert sorted(counts) == list(range(n)) and set(counts.values()) == {1}
+    assert [x[:3] for x in mine] == [(m.epoch, m.step, m.indices.tolist())
+                                      for m in plan.iterate(n, cfg.plan, rank=world.rank, size=world.size)]
+    root = os.path.join(shared_dir, "data")
+    for _, _, idx, data in mine:
+        for i, payload in zip(idx, data):
+            with open(os.path.join(root, catalog.path(i)), "rb") as fh:
+                assert payload == fh.read()
+    for node in {x[0] for x in staged_per_node}:
+        members = [x for x in staged_per_node if x[0] == node]
+        assert len({x[3] for x in members}) == 1, "ranks of a node must share one staging directory"
+        assert sum(x[2] for x in members if x[1] != 0) == 0, "only the node leader stages"
+        read_here = {i for r, seq in enumerate(everyone) if staged_per_node[r][0] == node
+                     for _, _, idx, _ in seq for i in idx}
+        leader = [x for x in members if x[1] == 0][0]
+        assert leader[2] == len(read_here), "each file the node reads is staged exactly once"
+    assert left == []

@@ -1,0 +1,138 @@
+"""``stager run`` under the mpich wheel's mpiexec: 1 rank, and 4 ranks as two
+emulated nodes of two ranks (``STAGER_NODE_ID``)."""
+
+import json
+import os
+import select
+import subprocess
+import sys
+from collections import Counter, defaultdict
+
+import pytest
+
+from conftest import REPO
+from stager import plan
+from stager.catalog import Catalog
+from stager.config import PlanConfig
+
+MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+SAMPLES = 200
+
+pytestmark = pytest.mark.skipif(not os.path.exists(MPIEXEC), reason=f"no mpiexec at {MPIEXEC} (install .[mpich])")
+
+
+def write_job(tmp_path):
+    (tmp_path / "job.yaml").write_text(f"""
+dataset: {{source: data, manifest: manifest.tsv}}
+synthetic: {{samples: {SAMPLES}, bytes: 3000}}
+slowfs: {{enabled: true, open_ms: 1}}
+plan: {{batch_size: 8, epochs: 2, seed: 7}}
+staging: {{local_dir: local, lookahead: 4}}
+""")
+    return str(tmp_path / "job.yaml")
+
+
+def mpirun(nodes, args, timeout=180, env=None):
+    """Runs ``stager ARGS`` on ``nodes`` (a list of (node id, ranks)) with one mpiexec."""
+    cmd = [MPIEXEC]
+    for i, (node, ranks) in enumerate(nodes):
+        if i:
+            cmd.append(":")
+        cmd += ["-n", str(ranks), "-env", "STAGER_NODE_ID", node, sys.executable, "-m", "stager", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def processes_mentioning(text):
+    found = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                    if text.encode() in fh.read():
+                        found.append(int(pid))
+            except OSError:
+                pass
+    return found
+
+
+def assert_nothing_left(tmp_path, marker):
+    for pid in processes_mentioning(marker):
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            continue
+        try:
+            assert select.select([fd], [], [], 15)[0], f"process {pid} outlived the job"
+        finally:
+            os.close(fd)
+    assert os.listdir(tmp_path / "local") == [], "staging directories left behind"
+    with open("/proc/self/mounts") as fh:
+        assert "stager-slowfs" not in fh.read()
+
+
+def read_records(rec):
+    reads = {}
+    for name in os.listdir(rec):
+        if name.startswith("rank-"):
+            reads[int(name[5:-6])] = [json.loads(x) for x in open(os.path.join(rec, name))]
+    staged = {name[7:-6]: [json.loads(x) for x in open(os.path.join(rec, name))]
+              for name in os.listdir(rec) if name.startswith("staged-")}
+    return reads, staged
+
+
+LAYOUTS = {"1 rank": [("a", 1)], "4 ranks on 2 nodes": [("a", 2), ("b", 2)]}
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_ranks_split_each_epoch_and_nodes_stage_only_their_ranks_files(tmp_path, layout):
+    nodes = LAYOUTS[layout]
+    size = sum(r for _, r in nodes)
+    job = write_job(tmp_path)
+    sequences = []
+    for prefetchers, readers in ((1, 1), (4, 3)):
+        rec = tmp_path / f"rec-{prefetchers}-{readers}"
+        proc = mpirun(nodes, ["run", job, "--quiet", "--record", str(rec), "--report", str(rec / "r.json"),
+                              "--set", f"staging.prefetchers={prefetchers}", "--set", f"reader.workers={readers}"])
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        reads, staged = read_records(rec)
+        assert sorted(reads) == list(range(size))
+        assert sorted(staged) == sorted(n for n, _ in nodes)
+        sequences.append(reads)
+
+        catalog = Catalog.from_manifest(str(tmp_path / "data"), "manifest.tsv")
+        rank_node = {}
+        rank = 0
+        for node, ranks in nodes:
+            for _ in range(ranks):
+                rank_node[rank] = node
+                rank += 1
+        for epoch in (0, 1):
+            union = Counter(p for r in reads for line in reads[r] if line["epoch"] == epoch for p in line["samples"])
+            assert sorted(union) == sorted(catalog.paths()) and set(union.values()) == {1}
+        cfg = PlanConfig(batch_size=8, epochs=2, seed=7)
+        for r, lines in reads.items():
+            expected = [[catalog.path(i) for i in m.indices] for m in plan.iterate(SAMPLES, cfg, rank=r, size=size)]
+            assert [line["samples"] for line in lines] == expected, f"rank {r} did not follow the plan"
+        for node, files in staged.items():
+            read_here = {p for r, lines in reads.items() if rank_node[r] == node for line in lines
+                         for p in line["samples"]}
+            paths = [f["path"] for f in files]
+            assert set(paths) <= read_here, f"node {node} staged files its ranks never read"
+            assert len(paths) == len(set(paths)), f"node {node} staged a file twice"
+        report = json.loads((rec / "r.json").read_text())
+        assert report["world_size"] == size and report["samples"] == 2 * SAMPLES
+        assert report["files_staged"] == sum(len(f) for f in staged.values())
+        assert_nothing_left(tmp_path, job)
+    assert sequences[0] == sequences[1], "the sequence changed with prefetcher or reader counts"
+
+
+def test_one_rank_failing_mid_epoch_ends_the_job(tmp_path):
+    job = write_job(tmp_path)
+    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "tests", "helpers"))
+    proc = mpirun(LAYOUTS["4 ranks on 2 nodes"],
+                  ["run", job, "--quiet", "--set", "dataset.loader=faults:fail_on_rank_2",
+                   "--set", "run.compute_ms=5", "--set", "plan.epochs=0"], timeout=120, env=env)
+    assert proc.returncode != 0
+    assert "injected failure on rank 2" in proc.stderr
+    assert "aborting the MPI job" in proc.stderr
+    assert_nothing_left(tmp_path, job)
