@@ -55,6 +55,9 @@ class Batch:
         indices: Catalog indices of the samples, in order.
         samples: Decoded samples, ``(data, label)`` tuples for labelled data.
         times: Where the time went for this minibatch.
+        end: Position in the epoch's global order after this minibatch
+            (see ``plan.Minibatch.end``).
+        last: Whether it is the last minibatch of its epoch.
     """
 
     epoch: int
@@ -62,6 +65,8 @@ class Batch:
     indices: np.ndarray
     samples: list
     times: BatchTimes
+    end: int = 0
+    last: bool = False
 
 
 @contextlib.contextmanager
@@ -98,13 +103,21 @@ class Pipeline:
         loader: Overrides ``config.dataset.loader``: a registry name,
             ``module:function`` or a callable taking a path (it must be
             picklable unless the start method is ``fork``).
-        start: ``(epoch, step)`` of the first minibatch to deliver.
+        start: ``(epoch, position)`` to resume from: ``position`` samples of
+            the epoch's global order are done (``Batch.end`` of the last
+            minibatch consumed; ``step * batch_size * ranks`` when the number
+            of ranks is unchanged). On another number of ranks the same
+            position continues the same global order.
         on_staged: Optional callable ``(relpath, bytes, epoch)``, called on the
             node leader for each file copied.
         world: A ``World``; default: ``world.detect(config.world.mpi)``.
+        plan: This rank's minibatches, an iterable of ``plan.Minibatch``
+            (front ends with other batching rules pass theirs); default:
+            ``plan.iterate`` over ``config.plan`` from ``start``.
     """
 
-    def __init__(self, config, catalog=None, *, loader=None, start=(0, 0), on_staged=None, world=None):
+    def __init__(self, config, catalog=None, *, loader=None, start=(0, 0), on_staged=None, world=None,
+                 plan=None):
         self.config = config
         self.world = world if world is not None else detect(config.world.mpi)
         if catalog is None:
@@ -112,7 +125,10 @@ class Pipeline:
         self.catalog = catalog
         self.stats = Stats()
         self._loader = loader if loader is not None else config.dataset.loader
-        self._start = start
+        if plan is None:
+            plan = planlib.iterate(len(catalog), config.plan, start[0], start[1], rank=self.world.rank,
+                                   size=self.world.size)
+        self._plan = iter(plan)
         self._on_staged = on_staged
         self._staging = config.staging.enabled
         self._read_ahead = config.reader.ahead or 2 * config.reader.workers
@@ -292,9 +308,9 @@ class _Coordinator:
 
     def __init__(self, pipe):
         self.pipe = pipe
-        cfg, world = pipe.config, pipe.world
+        cfg = pipe.config
         self.lookahead = max(cfg.staging.lookahead, pipe._read_ahead) if pipe._staging else pipe._read_ahead
-        self.plan = planlib.iterate(len(pipe.catalog), cfg.plan, *pipe._start, rank=world.rank, size=world.size)
+        self.plan = pipe._plan
         self.exhausted = False
         self.batches = {}       # seq -> Minibatch, from request until delivered
         self.times = {}         # seq -> BatchTimes
@@ -367,7 +383,7 @@ class _Coordinator:
             times = self.times.pop(seq)
             times.read = seconds
             pipe.stats.read_s += seconds
-            self.results[seq] = Batch(mb.epoch, mb.step, mb.indices, samples, times)
+            self.results[seq] = Batch(mb.epoch, mb.step, mb.indices, samples, times, mb.end, mb.last)
             while self.emit_ptr in self.results:
                 pipe._out.put((self.emit_ptr, self.results.pop(self.emit_ptr)))
                 self.emit_ptr += 1

@@ -19,14 +19,21 @@ class Minibatch:
         epoch: Epoch number, from 0.
         step: Index of the minibatch within its epoch, from 0.
         indices: Catalog indices of its samples, in delivery order.
+        end: Samples of the epoch's global order consumed, by all ranks
+            together, once this minibatch (and its peers on the other ranks)
+            is done: the position to resume from.
+        last: Whether it is the last minibatch of its epoch.
     """
 
     epoch: int
     step: int
     indices: np.ndarray
+    end: int = 0
+    last: bool = False
 
     def __eq__(self, other):
-        return (isinstance(other, Minibatch) and (self.epoch, self.step) == (other.epoch, other.step)
+        return (isinstance(other, Minibatch)
+                and (self.epoch, self.step, self.end, self.last) == (other.epoch, other.step, other.end, other.last)
                 and np.array_equal(self.indices, other.indices))
 
     def __hash__(self):
@@ -51,8 +58,8 @@ def permutation(n, seed, epoch, shuffle=True):
     return rng.permutation(n).astype(np.int64, copy=False)
 
 
-def epoch_order(n, seed, epoch, shuffle=True, size=1, remainder="pad"):
-    """The epoch's permutation, made divisible by the number of ranks.
+def epoch_order(n, seed, epoch, shuffle=True, size=1, remainder="pad", start=0):
+    """The epoch's global order from a position on, made divisible by the number of ranks.
 
     Args:
         n: Number of samples.
@@ -60,21 +67,25 @@ def epoch_order(n, seed, epoch, shuffle=True, size=1, remainder="pad"):
         epoch: Epoch number.
         shuffle: Permute the epoch.
         size: Number of ranks sharing the epoch.
-        remainder: When ``n`` is not a multiple of ``size``: ``"pad"``
-            repeats the first samples of the permutation so that every rank
-            reads as many samples (a few samples are read twice that epoch);
-            ``"drop"`` leaves out the last ``n % size`` samples of the
-            permutation (a few samples are not read that epoch; which ones
-            changes with the epoch).
+        remainder: When the samples left are not a multiple of ``size``:
+            ``"pad"`` appends the epoch's first samples again so that every
+            rank reads as many (a few samples are read twice that epoch);
+            ``"drop"`` leaves out the last few (a few samples are not read
+            that epoch; which ones changes with the epoch).
+        start: Samples of the order already consumed (a resumed epoch). The
+            same position gives the same rest of the epoch whatever ``size``
+            was before, which is what makes resuming on another number of
+            ranks exact.
     """
-    order = permutation(n, seed, epoch, shuffle)
-    extra = n % size
+    perm = permutation(n, seed, epoch, shuffle)
+    rest = perm[start:]
+    extra = len(rest) % size
     if extra == 0:
-        return order
+        return rest
     if remainder == "pad":
-        return np.resize(order, n + size - extra)  # repeats cyclically from the start
+        return np.concatenate([rest, np.resize(perm, size - extra)])  # np.resize repeats cyclically
     if remainder == "drop":
-        return order[:n - extra]
+        return rest[:len(rest) - extra]
     raise ValueError(f"remainder must be 'pad' or 'drop', not {remainder!r}")
 
 
@@ -132,7 +143,7 @@ def rank_share(order, batch_size, drop_last, rank, size):
     return out
 
 
-def iterate(n, plan, start_epoch=0, start_step=0, rank=0, size=1):
+def iterate(n, plan, start_epoch=0, start_sample=0, rank=0, size=1):
     """Yields one rank's minibatches from a position onwards.
 
     Args:
@@ -140,7 +151,10 @@ def iterate(n, plan, start_epoch=0, start_step=0, rank=0, size=1):
         plan: A ``PlanConfig`` (batch_size, epochs, seed, shuffle, drop_last,
             remainder); ``epochs == 0`` repeats without end.
         start_epoch: First epoch to yield.
-        start_step: First minibatch within ``start_epoch``.
+        start_sample: Samples of ``start_epoch``'s global order already
+            consumed by all ranks together (``Minibatch.end`` of the last one
+            done). With an unchanged number of ranks this is
+            ``step * batch_size * size``.
         rank: This rank.
         size: Number of ranks.
 
@@ -149,14 +163,68 @@ def iterate(n, plan, start_epoch=0, start_step=0, rank=0, size=1):
     """
     if not 0 <= rank < size:
         raise ValueError(f"rank {rank} outside a world of size {size}")
-    epoch, step = start_epoch, start_step
+    span = plan.batch_size * size
+    epoch, start = start_epoch, start_sample
     while plan.epochs == 0 or epoch < plan.epochs:
-        batches = epoch_minibatches(n, plan.batch_size, plan.seed, epoch, plan.shuffle, plan.drop_last,
-                                    rank, size, plan.remainder)
-        if not batches:
+        order = epoch_order(n, plan.seed, epoch, plan.shuffle, size, plan.remainder, start)
+        batches = rank_share(order, plan.batch_size, plan.drop_last, rank, size)
+        if not batches and start == 0:
             raise ValueError(f"epoch {epoch} has no minibatch: {n} samples, {size} rank(s), "
                              f"batch_size {plan.batch_size}, drop_last {plan.drop_last}, "
                              f"remainder {plan.remainder!r}")
-        for s in range(step, len(batches)):
-            yield Minibatch(epoch, s, batches[s])
-        epoch, step = epoch + 1, 0
+        first = start // span
+        for k, indices in enumerate(batches):
+            end = start + min((k + 1) * span, len(order))
+            yield Minibatch(epoch, first + k, indices, end, k == len(batches) - 1)
+        epoch, start = epoch + 1, 0
+
+
+def stream(orders, batch_size, start=0, rank=0, size=1, repeat=True):
+    """Chainer's batching: epochs back to back, cut into global minibatches.
+
+    Unlike ``iterate``, a minibatch that reaches the end of an epoch is filled
+    from the next epoch's order (``repeat``), as Chainer's iterators do; with
+    ``repeat=False`` only epoch 0 is read and its last minibatch is short.
+
+    Args:
+        orders: Callable ``epoch -> order`` (index array, the same length every
+            epoch and divisible by ``size``, e.g. from ``epoch_order``).
+        batch_size: Samples per minibatch on one rank.
+        start: Samples of the stream already consumed by all ranks together.
+        rank: This rank.
+        size: Number of ranks.
+        repeat: Read epochs without end; False stops after epoch 0.
+
+    Yields:
+        Minibatch objects; ``epoch`` is that of the minibatch's first sample,
+        ``step`` counts minibatches from the start of the stream, ``end`` is
+        the stream position after it and ``last`` marks the end of a
+        non-repeating stream.
+    """
+    length = len(orders(0))
+    if length == 0 or length % size:
+        raise ValueError(f"an epoch of {length} samples cannot be shared by {size} ranks")
+    span = batch_size * size
+    cache = {}
+
+    def order(epoch):
+        if epoch not in cache:
+            if len(cache) > 2:  # a minibatch spans at most two epochs
+                cache.clear()
+            cache[epoch] = orders(epoch)
+        return cache[epoch]
+
+    pos = start
+    while repeat or pos < length:
+        take = span if repeat else min(span, length - pos)
+        parts, at = [], pos
+        while at < pos + take:
+            epoch, offset = divmod(at, length)
+            part = order(epoch)[offset:offset + pos + take - at]
+            parts.append(part)
+            at += len(part)
+        chunk = np.concatenate(parts)
+        share = len(chunk) // size
+        yield Minibatch(pos // length, pos // span, chunk[rank * share:(rank + 1) * share], pos + take,
+                        not repeat and pos + take >= length)
+        pos += take

@@ -78,7 +78,7 @@ def test_spawn_start_method_gives_the_same_sequence(slow_source, tmp_path):
 
 def test_resume_from_a_position_continues_the_plan(slow_source, tmp_path):
     cfg = make_config(slow_source, tmp_path / "local", plan={"epochs": 2})
-    catalog, seen, *_ = delivered(cfg, start=(1, 3))
+    catalog, seen, *_ = delivered(cfg, start=(1, 3 * 8))
     full = expected_sequence(cfg, len(catalog))
     assert seen == full[full.index(next(x for x in full if x[:2] == (1, 3))):]
 

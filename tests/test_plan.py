@@ -34,8 +34,27 @@ def test_iterate_spans_epochs_and_resumes_mid_epoch():
     cfg = PlanConfig(batch_size=4, epochs=3, seed=5)
     full = list(plan.iterate(10, cfg))
     assert [(m.epoch, m.step) for m in full] == [(e, s) for e in range(3) for s in range(3)]
-    resumed = list(plan.iterate(10, cfg, start_epoch=1, start_step=2))
+    resumed = list(plan.iterate(10, cfg, start_epoch=1, start_sample=2 * 4))
     assert resumed == full[5:]
+    assert [(m.end, m.last) for m in full[:3]] == [(4, False), (8, False), (10, True)]
+
+
+@pytest.mark.parametrize("n,remainder", [(100, "pad"), (103, "pad"), (103, "drop"), (97, "pad")])
+def test_resume_on_another_world_size_continues_the_global_order(n, remainder):
+    cfg = PlanConfig(batch_size=3, epochs=1, seed=2, remainder=remainder)
+    before = [list(plan.iterate(n, cfg, rank=r, size=4)) for r in range(4)]
+    cut = 5  # every rank has done 5 steps when the job stops
+    done = [i for step in range(cut) for r in range(4) for i in before[r][step].indices.tolist()]
+    position = before[0][cut - 1].end
+    assert position == len(done) == cut * 3 * 4
+    after = [list(plan.iterate(n, cfg, start_sample=position, rank=r, size=2)) for r in range(2)]
+    rest = [i for step in range(len(after[0])) for r in range(2) for i in after[r][step].indices.tolist()]
+    order = plan.permutation(n, 2, 0).tolist()
+    assert done + rest[:n - len(done)] == order if remainder == "pad" else (done + rest) == order[:len(done + rest)]
+    if remainder == "pad":
+        assert sorted(set(done + rest)) == list(range(n))
+        assert len(rest) - (n - len(done)) < 2  # the new world pads at most size - 1 samples
+    assert after[0][-1].last and after[0][0].step == position // (3 * 2)
 
 
 def test_iterate_repeats_without_end_when_epochs_is_zero():

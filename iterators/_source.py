@@ -1,0 +1,26 @@
+"""What the front ends share: turning their arguments into stager's parts."""
+
+from stager.catalog import Catalog, broadcast_catalog
+from stager.config import Config, config_from_dict
+from stager.world import detect
+
+
+def resolve(config, world=None, catalog=None, overrides=None):
+    """Returns ``(config, world, catalog)`` for a front end.
+
+    Args:
+        config: A ``Config``, or nested dictionaries of config values.
+        world: A ``World``; default: detected from the config.
+        catalog: A ``Catalog``; default: built on rank 0 and broadcast.
+        overrides: Nested dictionaries applied on top of ``config``.
+    """
+    if not isinstance(config, Config):
+        if not isinstance(config, dict):
+            raise TypeError(f"expected a stager Config or a dict of config values, got {type(config).__name__}")
+        config = config_from_dict(config)
+    if overrides:
+        config = config.replace(**overrides)
+    world = world if world is not None else detect(config.world.mpi)
+    if catalog is None:
+        catalog = broadcast_catalog(world.comm, lambda: Catalog.load(config.dataset))
+    return config, world, catalog

@@ -1,0 +1,144 @@
+"""A PyTorch data source that stages files: iterate it like a ``DataLoader``.
+
+``StagedLoader`` yields this rank's collated minibatches, one epoch per
+``for`` loop. stager's readers do the loading, so no DataLoader worker
+processes are needed; it is also an ``IterableDataset``, usable as
+``DataLoader(loader, batch_size=None)``. ``set_epoch``, ``state_dict`` and
+``load_state_dict`` give exact mid-epoch resume, also on another number of
+ranks: the same global order continues from the same global position.
+"""
+
+from torch.utils.data import IterableDataset, default_collate, get_worker_info
+
+from stager import plan as planlib
+from stager.pipeline import Pipeline
+
+from ._source import resolve
+
+_STATE_VERSION = 1
+
+
+class StagedLoader(IterableDataset):
+    """This rank's minibatches, staged and decoded by stager, collated for PyTorch.
+
+    ``plan.epochs`` is ignored: the loader serves as many epochs as the
+    training loop asks for. The staging pipeline lives across epochs (files staged in one epoch are
+    read locally in the next, and the next epoch is staged ahead); it starts
+    at the first iteration and stops at ``close()``.
+
+    Args:
+        config: A stager ``Config`` (or a dict of its values).
+        collate_fn: Turns a list of samples into a batch; default:
+            ``torch.utils.data.default_collate`` (labelled samples become
+            ``(data, labels)`` tensors).
+        world: A ``stager.world.World``; default: detected (MPI when launched
+            by mpiexec/srun).
+        catalog: A ``stager.Catalog``; default: built on rank 0 and broadcast.
+    """
+
+    def __init__(self, config, collate_fn=None, world=None, catalog=None):
+        super().__init__()
+        # The training loop decides how many epochs to read.
+        self.config, self.world, self.catalog = resolve(config, world, catalog, {"plan": {"epochs": 0}})
+        self.collate_fn = collate_fn or default_collate
+        self._epoch = 0
+        self._position = 0      # samples of the epoch's global order done, all ranks together
+        self._pipe = None
+        self._pipe_at = None    # (epoch, position) the pipeline delivers next
+
+    def set_epoch(self, epoch):
+        """Chooses the epoch the next iteration reads (from its start unless resuming in it).
+
+        Epochs also advance by themselves at the end of each iteration, so
+        calling it is optional; calling it with the current epoch keeps a
+        resumed position.
+        """
+        if epoch != self._epoch:
+            self._epoch, self._position = epoch, 0
+
+    def __len__(self):
+        """Minibatches this rank delivers in the current epoch from the current position."""
+        p = self.config.plan
+        order = planlib.epoch_order(len(self.catalog), p.seed, self._epoch, p.shuffle, self.world.size,
+                                    p.remainder, self._position)
+        return len(planlib.rank_share(order, p.batch_size, p.drop_last, self.world.rank, self.world.size))
+
+    def __iter__(self):
+        if get_worker_info() is not None:
+            raise RuntimeError("StagedLoader does its own loading in stager's reader processes: use it as "
+                               "DataLoader(loader, batch_size=None, num_workers=0), or iterate it directly")
+        if self._position and self._remaining_is_empty():
+            self._epoch, self._position = self._epoch + 1, 0
+        pipe = self._pipeline()
+        epoch = self._epoch
+        while True:
+            try:
+                batch = next(pipe)
+            except StopIteration:
+                self._pipe = None
+                return
+            # The state must already say "after this batch" while the caller
+            # holds it, so a checkpoint taken in the loop body resumes after it.
+            self._position = batch.end
+            self._pipe_at = (batch.epoch, batch.end)
+            if batch.last:
+                self._epoch, self._position = epoch + 1, 0
+                self._pipe_at = (epoch + 1, 0)
+            yield self.collate_fn(batch.samples)
+            if batch.last:
+                return
+
+    def _remaining_is_empty(self):
+        return len(self) == 0
+
+    def _pipeline(self):
+        if self._pipe is None or self._pipe_at != (self._epoch, self._position):
+            self._close_pipe()
+            self._pipe = Pipeline(self.config, self.catalog, world=self.world,
+                                  start=(self._epoch, self._position)).start()
+            self._pipe_at = (self._epoch, self._position)
+        return self._pipe
+
+    def state_dict(self):
+        """The position to resume from: after the last minibatch yielded."""
+        p = self.config.plan
+        return {"version": _STATE_VERSION, "epoch": self._epoch, "position": self._position,
+                "samples": len(self.catalog), "seed": p.seed, "shuffle": p.shuffle,
+                "batch_size": p.batch_size, "world_size": self.world.size}
+
+    def load_state_dict(self, state):
+        """Resumes from ``state_dict()``'s position, on any number of ranks.
+
+        Raises:
+            ValueError: If the state belongs to another dataset or order
+                (sample count, seed or shuffle differ), naming the key.
+        """
+        p = self.config.plan
+        for key, mine in (("samples", len(self.catalog)), ("seed", p.seed), ("shuffle", p.shuffle)):
+            if state.get(key) != mine:
+                raise ValueError(f"state_dict[{key!r}] is {state.get(key)!r} but this loader has {mine!r}: "
+                                 "it was saved for another dataset or order")
+        self._epoch, self._position = int(state["epoch"]), int(state["position"])
+
+    def close(self):
+        """Stops the staging pipeline; safe to call twice."""
+        self._close_pipe()
+
+    def _close_pipe(self):
+        if self._pipe is not None:
+            self._pipe.close()
+            self._pipe = None
+            self._pipe_at = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
