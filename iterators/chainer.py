@@ -62,6 +62,8 @@ class StagingIterator(_chainer.dataset.Iterator):
 
     def __init__(self, dataset_or_config, batch_size, repeat=True, shuffle=None, order_sampler=None,
                  n_processes=None, world=None, catalog=None, **ignored):
+        self._pipe = None
+        self._finalized = False
         unknown = set(ignored) - self._IGNORED
         if unknown:
             raise TypeError(f"unexpected argument(s) {sorted(unknown)}")
@@ -76,8 +78,6 @@ class StagingIterator(_chainer.dataset.Iterator):
         self.repeat = repeat
         self.shuffle = True if shuffle is None else shuffle
         self.order_sampler = order_sampler
-        self._pipe = None
-        self._finalized = False
         self.reset()
 
     # Orders ---------------------------------------------------------------
@@ -160,7 +160,8 @@ class StagingIterator(_chainer.dataset.Iterator):
 
     @property
     def epoch_detail(self):
-        return self._position / self._length
+        # Chainer's own formula, so that the floats compare equal too.
+        return self.epoch + self.current_position / (self._length // self.world.size)
 
     @property
     def previous_epoch_detail(self):

@@ -15,7 +15,10 @@ import sys
 # starts in milliseconds and cannot be broken by the package's state.
 _SCRIPT = """
 import shutil, sys
-message = sys.stdin.buffer.read()  # returns at EOF: the owner closed the pipe or died
+# A line: the owner said it is done. EOF first: the owner died. (Waiting for
+# EOF after "done" could last as long as any process forked from the owner
+# keeps a copy of the pipe.)
+message = sys.stdin.buffer.readline()
 if not message.startswith(b"done"):
     shutil.rmtree(sys.argv[1], ignore_errors=True)
 """

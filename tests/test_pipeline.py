@@ -192,12 +192,16 @@ def test_workers_exit_when_their_parent_is_killed(slow_source, tmp_path):
         pipe = Pipeline(cfg)
         next(iter(pipe))
         print(" ".join(map(str, pipe.worker_pids())), flush=True)
+        print(pipe._jobdir._janitor.proc.pid, pipe.local_dir, os.path.isdir(pipe.local_dir), flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
     """)
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert proc.returncode == -signal.SIGKILL, proc.stderr
-    pids = [int(p) for p in proc.stdout.split()]
-    assert len(pids) == 4
+    lines = proc.stdout.splitlines()
+    pids = [int(p) for p in lines[0].split()]
+    janitor, local, existed = lines[1].split()
+    assert len(pids) == 4 and existed == "True"
+    pids.append(int(janitor))  # it removes the job directory, then exits
     fds = []
     for pid in pids:
         try:
@@ -211,3 +215,4 @@ def test_workers_exit_when_their_parent_is_killed(slow_source, tmp_path):
     finally:
         for fd in fds:
             os.close(fd)
+    assert not os.path.exists(local), "the janitor must remove the staging directory of a killed owner"
