@@ -9,8 +9,8 @@ iterator reads that rank's share of every global minibatch, so ChainerMN
 users need no ``scatter_dataset``.
 """
 
-import functools
 import sys
+import warnings
 
 import numpy
 
@@ -29,7 +29,10 @@ def _import_chainer():
             _distutils_hack.remove_shim()
         except ImportError:
             pass
-    import chainer
+    with warnings.catch_warnings():
+        # Chainer 7 imports pkg_resources, which setuptools marks deprecated.
+        warnings.filterwarnings("ignore", message="pkg_resources is deprecated", category=UserWarning)
+        import chainer
     return chainer
 
 

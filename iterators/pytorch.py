@@ -99,6 +99,11 @@ class StagedLoader(IterableDataset):
             self._pipe_at = (self._epoch, self._position)
         return self._pipe
 
+    @property
+    def stats(self):
+        """The running pipeline's ``stager.stats.Stats`` (stall time, files staged), or None."""
+        return self._pipe.stats if self._pipe is not None else None
+
     def state_dict(self):
         """The position to resume from: after the last minibatch yielded."""
         p = self.config.plan

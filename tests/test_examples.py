@@ -1,0 +1,43 @@
+"""The examples, run as the README says, on a small synthetic dataset behind
+the emulated slow file system."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+
+MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+
+
+def overrides(tmp_path):
+    return ["--set", "synthetic.samples=96", "--set", "synthetic.bytes=20000", "--set",
+            f"dataset.source={tmp_path / 'data'}", "--set", f"staging.local_dir={tmp_path / 'local'}",
+            "--set", "slowfs.open_ms=1"]
+
+
+@pytest.mark.skipif(not os.path.exists(MPIEXEC), reason="no mpiexec (install .[mpich])")
+def test_torch_example_trains_with_ddp_on_two_ranks(tmp_path):
+    cmd = [MPIEXEC, "-n", "2", sys.executable, os.path.join(REPO, "examples", "train_torch.py"),
+           os.path.join(REPO, "configs", "demo.yaml"), "--epochs", "2", *overrides(tmp_path)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "epoch 1: loss" in proc.stdout and "48 samples on rank 0" in proc.stdout
+    assert "2 replicas in sync after 2 epoch(s)" in proc.stdout
+    assert os.listdir(tmp_path / "local") == []
+
+
+def test_chainer_example_trains_with_a_trainer(tmp_path):
+    pytest.importorskip("iterators.chainer", reason="Chainer is not installed (extra 'chainer')")
+    cmd = [sys.executable, os.path.join(REPO, "examples", "train_chainer.py"),
+           os.path.join(REPO, "configs", "demo.yaml"), "--epochs", "2", "--batch-size", "16",
+           "--out", str(tmp_path / "result"), *overrides(tmp_path)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    # PrintReport starts each row with a terminal escape (ESC [J).
+    lines = [line.replace("\x1b[J", "") for line in proc.stdout.splitlines() if line.strip()]
+    assert lines[0].split()[:3] == ["epoch", "iteration", "main/loss"]
+    assert lines[-1].split()[:2] == ["2", "12"]  # 96 samples / 16 per batch x 2 epochs
+    assert os.listdir(tmp_path / "local") == []
