@@ -6,7 +6,7 @@
 #
 # Set-up is idempotent: system packages (as root, only those missing), a
 # virtual environment in .venv/ at the repository root, and stager installed
-# in it (editable) with the mpich wheel and the test tools.
+# in it (editable) with the mpich wheel, Chainer and the test tools.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -39,10 +39,14 @@ if [ ! -x .venv/bin/python ]; then
   echo "bootstrap: creating .venv"
   python3 -m venv .venv
 fi
+# constraints.txt keeps torch, Chainer and numpy 1 installable together; it
+# must reach the isolated build of Chainer's sdist too, and that build needs
+# the standard library's distutils (../shared/ENVIRONMENT.md).
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_CONSTRAINT="$PWD/constraints.txt"
+export PIP_BUILD_CONSTRAINT="$PWD/constraints.txt" SETUPTOOLS_USE_DISTUTILS=stdlib
 .venv/bin/python -m pip install -q --upgrade pip "setuptools>=77.0.3,<81" wheel
 echo "bootstrap: installing stager and its dependencies into .venv"
-.venv/bin/python -m pip install -q -e ".[mpich,test]"
+.venv/bin/python -m pip install -q -e ".[mpich,test,chainer]"
 
 case "$what" in
   demo)

@@ -122,3 +122,41 @@ def test_pipelines_share_each_epoch_and_each_node_stages_once(world, shared_dir)
         leader = [x for x in members if x[1] == 0][0]
         assert leader[2] == len(read_here), "each file the node reads is staged exactly once"
     assert left == []
+
+
+def front_end_config(shared_dir):
+    return config_from_dict({
+        "dataset": {"source": os.path.join(shared_dir, "data"), "manifest": "manifest.tsv", "loader": "raw"},
+        "plan": {"seed": 4},
+        "staging": {"local_dir": os.path.join(shared_dir, "local"), "prefetchers": 2},
+        "reader": {"workers": 1},
+    })
+
+
+def test_each_ranks_chainer_iterator_reads_its_share(world, shared_dir):
+    chainer_front = pytest.importorskip("iterators.chainer")
+    it = chainer_front.StagingIterator(front_end_config(shared_dir), 7, repeat=False, world=world)
+    try:
+        mine = [raw for batch in it for raw, _ in batch]
+        details = (it.epoch, it.is_new_epoch, it.epoch_detail)
+    finally:
+        it.finalize()
+    everyone = world.comm.allgather(mine)
+    data = os.path.join(shared_dir, "data")
+    catalog = Catalog.from_manifest(data, "manifest.tsv")
+    expected = sorted(open(os.path.join(data, catalog.path(i)), "rb").read() for i in range(len(catalog)))
+    assert sorted(raw for share in everyone for raw in share) == expected
+    assert details == (1, True, 1.0)
+
+
+def test_each_ranks_torch_loader_reads_its_share(world, shared_dir):
+    pytorch_front = pytest.importorskip("iterators.pytorch")
+    with pytorch_front.StagedLoader(front_end_config(shared_dir), collate_fn=list, world=world) as loader:
+        mine = [raw for batch in loader for raw, _ in batch]
+        steps = len(loader)
+    everyone = world.comm.allgather(mine)
+    data = os.path.join(shared_dir, "data")
+    catalog = Catalog.from_manifest(data, "manifest.tsv")
+    expected = sorted(open(os.path.join(data, catalog.path(i)), "rb").read() for i in range(len(catalog)))
+    assert sorted(raw for share in everyone for raw in share) == expected
+    assert len({len(share) for share in everyone}) == 1 and steps > 0
