@@ -15,9 +15,18 @@ from stager.catalog import Catalog
 from stager.config import PlanConfig
 
 
-def slowfs_mounts():
+def slowfs_mounts(*roots):
+    """Emulator mounts made by the code under test: on temporary mount points
+    (``stager-slowfs-*``) or under ``roots``; the session's shared mount is
+    not one of them."""
+    found = []
     with open("/proc/self/mounts") as fh:
-        return [line for line in fh if line.startswith("stager-slowfs")]
+        for line in fh:
+            if line.startswith("stager-slowfs"):
+                target = line.split()[1]
+                if os.path.basename(target).startswith("stager-slowfs-") or target.startswith(tuple(map(str, roots))):
+                    found.append(line)
+    return found
 
 
 def write_config(tmp_path, **extra):
@@ -135,7 +144,7 @@ def test_make_dataset_and_slowfs_mount_umount(tmp_path):
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     try:
-        entry = [m for m in slowfs_mounts() if f" {mnt} " in m]
+        entry = slowfs_mounts(mnt)
         assert len(entry) == 1
         daemon = int(entry[0].split()[0].split(":")[1])
         first = catalog.path(0)
@@ -148,7 +157,7 @@ def test_make_dataset_and_slowfs_mount_umount(tmp_path):
                               timeout=60)
     assert proc.returncode == 0, proc.stderr
     wait_gone([daemon], 10)
-    assert not slowfs_mounts()
+    assert not slowfs_mounts(mnt)
     proc = subprocess.run(stager_cmd("slowfs", "umount", str(mnt)), capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1 and "is not a stager slowfs mount" in proc.stderr
 
