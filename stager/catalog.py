@@ -46,25 +46,31 @@ class Catalog:
         labels: Integer label per sample, or None.
     """
 
-    def __init__(self, root, blob, offsets, sizes, labels=None):
+    def __init__(self, root, blob, offsets, sizes, labels=None, mtimes=None):
         self.root = os.path.abspath(root)
         self._blob = bytes(blob)
         self._offsets = np.asarray(offsets, dtype=np.int64)
         self.sizes = np.asarray(sizes, dtype=np.int64)
         self.labels = None if labels is None else np.asarray(labels, dtype=np.int64)
+        self.mtimes = None if mtimes is None else np.asarray(mtimes, dtype=np.int64)
         n = len(self.sizes)
-        if len(self._offsets) != n + 1 or (self.labels is not None and len(self.labels) != n):
+        if (len(self._offsets) != n + 1 or (self.labels is not None and len(self.labels) != n)
+                or (self.mtimes is not None and len(self.mtimes) != n)):
             raise CatalogError("catalog arrays differ in length")
         if not n:
             raise CatalogError(f"dataset at {self.root} has no samples")
 
     @classmethod
-    def from_paths(cls, root, paths, sizes, labels=None):
-        """Builds a catalog from lists of relative paths, sizes and labels."""
+    def from_paths(cls, root, paths, sizes, labels=None, mtimes=None):
+        """Builds a catalog from lists of relative paths, sizes, labels and modification times."""
         encoded = [p.encode("utf-8") for p in paths]
         offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
         np.cumsum([len(e) for e in encoded], out=offsets[1:])
-        return cls(root, b"".join(encoded), offsets, sizes, labels)
+        return cls(root, b"".join(encoded), offsets, sizes, labels, mtimes)
+
+    def mtime(self, index):
+        """Modification time (ns) of sample ``index`` when the catalog was made, or None."""
+        return None if self.mtimes is None else int(self.mtimes[index])
 
     def __len__(self):
         return len(self.sizes)
@@ -90,10 +96,12 @@ class Catalog:
         return int(self.sizes.sum())
 
     def __eq__(self, other):
+        def same(a, b):
+            return (a is None and b is None) or (a is not None and b is not None and np.array_equal(a, b))
+
         return (isinstance(other, Catalog) and self.root == other.root and self._blob == other._blob
-                and np.array_equal(self._offsets, other._offsets) and np.array_equal(self.sizes, other.sizes)
-                and (self.labels is None) == (other.labels is None)
-                and (self.labels is None or np.array_equal(self.labels, other.labels)))
+                and same(self._offsets, other._offsets) and same(self.sizes, other.sizes)
+                and same(self.labels, other.labels) and same(self.mtimes, other.mtimes))
 
     @classmethod
     def from_manifest(cls, root, manifest):
@@ -116,7 +124,7 @@ class Catalog:
                 lines = fh.read().splitlines()
         except OSError as exc:
             raise CatalogError(f"cannot read manifest {manifest}: {exc.strerror}") from None
-        paths, sizes, labels = [], [], []
+        paths, sizes, labels, mtimes = [], [], [], []
         labelled = None
         for number, line in enumerate(lines, 1):
             if not line.strip() or line.startswith("#"):
@@ -149,9 +157,10 @@ class Catalog:
                     raise CatalogError(f"{where}: label {fields[1]!r} is not an integer") from None
             paths.append(rel)
             sizes.append(st.st_size)
+            mtimes.append(st.st_mtime_ns)
         if not paths:
             raise CatalogError(f"manifest {manifest} lists no samples")
-        return cls.from_paths(root, paths, sizes, labels if labelled else None)
+        return cls.from_paths(root, paths, sizes, labels if labelled else None, mtimes)
 
     @classmethod
     def from_directory(cls, root, extensions=()):
@@ -172,7 +181,7 @@ class Catalog:
         if not os.path.isdir(root):
             raise CatalogError(f"dataset root {root} is not a directory")
         real_root = os.path.realpath(root)
-        paths, sizes = [], []
+        paths, sizes, mtimes = [], [], []
         for dirpath, dirnames, filenames in os.walk(real_root):
             dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
             for name in sorted(filenames):
@@ -185,8 +194,10 @@ class Catalog:
                     raise CatalogError(f"{full}: symbolic link to {real}, outside the dataset root {real_root}")
                 if not os.path.isfile(real):
                     continue
+                st = os.stat(real)
                 paths.append(rel)
-                sizes.append(os.stat(real).st_size)
+                sizes.append(st.st_size)
+                mtimes.append(st.st_mtime_ns)
         if not paths:
             raise CatalogError(f"dataset at {root} has no samples"
                                + (f" with extensions {list(extensions)}" if extensions else ""))
@@ -195,7 +206,7 @@ class Catalog:
             classes = sorted({p.split("/", 1)[0] for p in paths})
             index = {c: i for i, c in enumerate(classes)}
             labels = [index[p.split("/", 1)[0]] for p in paths]
-        return cls.from_paths(root, paths, sizes, labels)
+        return cls.from_paths(root, paths, sizes, labels, mtimes)
 
     @classmethod
     def load(cls, dataset):
@@ -228,7 +239,8 @@ def broadcast_catalog(comm, build, root=0):
     if comm.Get_rank() == root:
         try:
             catalog = build()
-            header = ("ok", catalog.root, len(catalog), len(catalog._blob), catalog.labels is not None)
+            header = ("ok", catalog.root, len(catalog), len(catalog._blob), catalog.labels is not None,
+                      catalog.mtimes is not None)
         except Exception as exc:  # every rank must learn of it, or the others wait forever
             failure = exc
             header = ("error", f"{type(exc).__name__}: {exc}")
@@ -237,15 +249,18 @@ def broadcast_catalog(comm, build, root=0):
         if failure is not None:
             raise failure
         raise CatalogError(f"rank {root} could not build the catalog: {header[1]}")
-    _, root_dir, n, blob_len, labelled = header
+    _, root_dir, n, blob_len, labelled, timed = header
     if catalog is not None:
         blob = np.frombuffer(catalog._blob, dtype=np.uint8).copy()
-        arrays = [catalog._offsets, catalog.sizes] + ([catalog.labels] if labelled else [])
+        offsets, sizes, labels, mtimes = catalog._offsets, catalog.sizes, catalog.labels, catalog.mtimes
     else:
         blob = np.empty(blob_len, dtype=np.uint8)
-        arrays = [np.empty(n + 1, np.int64), np.empty(n, np.int64)] + ([np.empty(n, np.int64)] if labelled else [])
-    for array in arrays + [blob]:
-        comm.Bcast(array, root=root)
+        offsets, sizes = np.empty(n + 1, np.int64), np.empty(n, np.int64)
+        labels = np.empty(n, np.int64) if labelled else None
+        mtimes = np.empty(n, np.int64) if timed else None
+    for array in (blob, offsets, sizes, labels, mtimes):
+        if array is not None:
+            comm.Bcast(array, root=root)
     if catalog is not None:
         return catalog
-    return Catalog(root_dir, blob.tobytes(), arrays[0], arrays[1], arrays[2] if labelled else None)
+    return Catalog(root_dir, blob.tobytes(), offsets, sizes, labels, mtimes)

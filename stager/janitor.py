@@ -14,13 +14,20 @@ import sys
 # Run with ``python -c`` so that the janitor imports nothing of stager: it
 # starts in milliseconds and cannot be broken by the package's state.
 _SCRIPT = """
-import shutil, sys
+import os, shutil, sys, time
 # A line: the owner said it is done. EOF first: the owner died. (Waiting for
 # EOF after "done" could last as long as any process forked from the owner
 # keeps a copy of the pipe.)
 message = sys.stdin.buffer.readline()
 if not message.startswith(b"done"):
-    shutil.rmtree(sys.argv[1], ignore_errors=True)
+    # The owner's workers keep the pipe too, so EOF normally means they are
+    # gone as well; a worker that did not inherit it may still be finishing a
+    # copy, hence a few tries.
+    for attempt in range(20):
+        shutil.rmtree(sys.argv[1], ignore_errors=True)
+        if not os.path.lexists(sys.argv[1]):
+            break
+        time.sleep(0.5)
 """
 
 
@@ -30,6 +37,10 @@ class Janitor:
     def __init__(self, path):
         self.proc = subprocess.Popen([sys.executable, "-c", _SCRIPT, path], stdin=subprocess.PIPE,
                                      stdout=subprocess.DEVNULL, start_new_session=True)
+
+    def fileno(self):
+        """The owner's end of the pipe; workers that write into the directory keep it open."""
+        return self.proc.stdin.fileno() if self.proc is not None else None
 
     def release(self, timeout_s=10.0):
         """Tells the janitor the owner cleaned up (or keeps the directory) and waits for it."""

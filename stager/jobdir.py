@@ -92,6 +92,11 @@ class JobDir:
             self._janitor = Janitor(self.path)
         return self.path
 
+    def keep_open(self):
+        """File descriptors that processes writing into the directory should inherit (the janitor's pipe)."""
+        fd = self._janitor.fileno() if self._janitor is not None else None
+        return set() if fd is None else {fd}
+
     def remove(self):
         """Deletes the directory unless ``keep`` is set; safe to call twice."""
         if self._created and not self.keep:

@@ -11,9 +11,11 @@ minibatch does not hold back its neighbours' for long.
 
 The leader's own pipeline talks to the service over a pipe; the other ranks
 of the node connect over a Unix socket in the (0700) job directory, with a
-random key handed out by MPI. A client that disconnects (``("bye",)`` or its
-process died) is forgotten; ``close()`` waits for the others to leave before
-the directory is removed, because they may still be reading from it.
+random key handed out by MPI, whenever they are ready: the service serves
+whoever is connected meanwhile. A client that disconnects (``("bye",)``, or
+its process died) is forgotten; ``close()`` waits for the others to leave
+before the directory is removed, because they may still be reading from it.
+If the service itself fails, every client is told why.
 """
 
 import logging
@@ -23,10 +25,11 @@ import os
 import queue
 import secrets
 import threading
-import time
+import traceback
 
 import numpy as np
 
+from .workerpool import WorkerPool
 from .workers import prefetcher_main
 
 log = logging.getLogger(__name__)
@@ -44,55 +47,85 @@ class StagingService:
         remote_clients: Ranks of this node other than the leader.
         stats: The leader pipeline's ``Stats``; staging totals go there.
         on_staged: Optional callable ``(relpath, bytes, epoch)`` per file copied.
+        keep_fds: Descriptors the prefetchers keep open (see ``WorkerPool``).
     """
 
-    def __init__(self, config, catalog, local_dir, remote_clients, stats, on_staged=None):
+    def __init__(self, config, catalog, local_dir, remote_clients, stats, on_staged=None, keep_fds=()):
         self.config = config
         self.catalog = catalog
         self.local_dir = local_dir
         self.remote_clients = remote_clients
         self.stats = stats
         self.on_staged = on_staged
+        self.keep_fds = keep_fds
         self.address = os.path.join(local_dir, ".service.sock") if remote_clients else None
         self.authkey = secrets.token_bytes(32)
-        self.procs = []
+        self.pool = None
         self._halt = threading.Event()
-        self._accepting = False
-        self._thread = None
+        self._incoming = queue.Queue()   # connections accepted, not yet served
+        self._wake_r, self._wake_w = multiprocessing.Pipe(duplex=False)
+        self._wake_lock = threading.Lock()
         self._listener = None
+        self._acceptor = None
+        self._thread = None
 
     def start(self, ctx):
-        """Starts the prefetchers and the service thread.
+        """Starts the prefetchers, the acceptor and the service thread.
 
         Returns:
             The leader's own client connection.
         """
-        cfg = self.config
-        self._stop = ctx.Event()
-        self._tasks = ctx.Queue()
-        self._replies = ctx.Queue()
-        parent = os.getpid()
-        for i in range(cfg.staging.prefetchers):
-            proc = ctx.Process(target=prefetcher_main, name=f"stager-prefetch-{i}", daemon=True,
-                               args=(i, parent, self.catalog.root, self.local_dir, self._tasks, self._replies,
-                                     self._stop))
-            proc.start()
-            self.procs.append(proc)
+        self.pool = WorkerPool(ctx, "stager-prefetch", self.config.staging.prefetchers, prefetcher_main,
+                               (self.catalog.root, self.local_dir), self.keep_fds)
         if self.remote_clients:
+            try:
+                os.unlink(self.address)  # left by a crashed run in a kept directory (ours, 0700)
+            except FileNotFoundError:
+                pass
             self._listener = mpc.Listener(self.address, family="AF_UNIX", backlog=self.remote_clients,
                                           authkey=self.authkey)
+            self._acceptor = threading.Thread(target=self._accept, name="stager-accept", daemon=True)
+            self._acceptor.start()
         own, theirs = multiprocessing.Pipe()
         self._thread = threading.Thread(target=self._run, args=(theirs,), name="stager-service", daemon=True)
         self._thread.start()
         return own
 
-    # The service thread ---------------------------------------------------
+    def alive(self):
+        """Whether the service thread still runs."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def _accept(self):
+        for _ in range(self.remote_clients):
+            try:
+                conn = self._listener.accept()
+            except (OSError, EOFError, mpc.AuthenticationError) as exc:
+                if self._halt.is_set():
+                    return
+                log.warning("stager: a rank of this node failed to connect to the staging service: %s", exc)
+                conn = None
+            if self._halt.is_set():
+                if conn is not None:
+                    conn.close()
+                return
+            self._incoming.put(conn)
+            self._wake()
+
+    def _wake(self):
+        with self._wake_lock:
+            self._wake_w.send(None)
 
     def _run(self, own):
+        loop = _Loop(self, own)
         try:
-            _Loop(self, own).run()
-        except Exception:
+            loop.run()
+        except BaseException as exc:
             log.exception("stager: staging service failed")
+            loop.fail(("error", "prefetch", "service", None, None, None, type(exc).__name__,
+                       f"the node's staging service failed: {type(exc).__name__}: {exc}", traceback.format_exc()))
+        finally:
+            for conn in loop.clients:
+                conn.close()
 
     def close(self, wait_for_clients_s):
         """Stops the service once its clients have left, or after the wait.
@@ -104,51 +137,21 @@ class StagingService:
         if self._thread is not None:
             self._thread.join(timeout=wait_for_clients_s)
             self._halt.set()
-            if self._accepting:
-                self._wake_accept()
+            self._wake()
             self._thread.join(timeout=self.config.processes.shutdown_timeout_s)
-        self._stop_prefetchers()
+        if self._acceptor is not None and self._acceptor.is_alive():
+            try:  # unblocks accept(); it sees the halt flag and returns
+                mpc.Client(self.address, family="AF_UNIX", authkey=self.authkey).close()
+            except (OSError, EOFError, mpc.AuthenticationError):
+                pass
+            self._acceptor.join(timeout=self.config.processes.shutdown_timeout_s)
+        if self.pool is not None:
+            self.pool.stop(self.config.processes.shutdown_timeout_s)
         if self._listener is not None:
             self._listener.close()
-
-    def _wake_accept(self):
-        try:
-            mpc.Client(self.address, family="AF_UNIX", authkey=self.authkey).close()
-        except OSError:
-            pass
-
-    def _stop_prefetchers(self):
-        if not self.procs:
-            return
-        self._stop.set()
-        for _ in self.procs:
-            self._tasks.put(None)
-        stop_processes(self.procs, self._replies, self.config.processes.shutdown_timeout_s)
-        for q in (self._tasks, self._replies):
-            q.cancel_join_thread()
-            q.close()
-        self.procs = []
-
-
-def stop_processes(procs, replies, timeout_s):
-    """Joins worker processes, draining ``replies`` meanwhile; then terminates, then kills."""
-    deadline = time.monotonic() + timeout_s
-    for proc in procs:
-        while proc.is_alive() and time.monotonic() < deadline:
-            try:
-                while True:
-                    replies.get_nowait()
-            except (queue.Empty, OSError, ValueError):
-                pass
-            proc.join(0.05)
-    for proc in procs:
-        if proc.is_alive():
-            log.warning("stager: %s (pid %s) did not stop in time; terminating", proc.name, proc.pid)
-            proc.terminate()
-            proc.join(1.0)
-        if proc.is_alive():
-            proc.kill()
-            proc.join()
+            self._listener = None
+        self._wake_r.close()
+        self._wake_w.close()
 
 
 class _Loop:
@@ -159,33 +162,45 @@ class _Loop:
         self.catalog = service.catalog
         self.state = np.zeros(len(service.catalog), dtype=np.uint8)
         self.clients = [own]
-        self.waiting = []       # (conn, seq, indices, task ids) not yet ready
-        self.task_time = {}     # task id -> seconds, until its waiters are answered
+        self.joined = 0          # remote clients accepted so far
+        self.waiting = []        # (conn, seq, indices, task ids) not yet ready
+        self.task_time = {}      # task id -> seconds, until its waiters are answered
         self.next_task = 0
-        self.failed = None      # the error message sent to clients, once a prefetcher failed
+        self.failed = None       # the error sent to clients, once staging failed
 
     def run(self):
         s = self.s
-        if s.remote_clients:
-            s._accepting = True
-            while len(self.clients) <= s.remote_clients and not s._halt.is_set():
-                conn = s._listener.accept()
-                if not s._halt.is_set():
-                    self.clients.append(conn)
-            s._accepting = False
-        reader = s._replies._reader  # a Queue's pipe, waitable as ProcessPoolExecutor does
-        while self.clients and not s._halt.is_set():
-            ready = mpc.wait(self.clients + [reader], timeout=1.0)
-            if not ready:
-                self.check_prefetchers()
-                continue
+        pool_conns = list(s.pool.conns)
+        while not s._halt.is_set() and (self.clients or self.joined < s.remote_clients):
+            ready = mpc.wait(self.clients + pool_conns + [s._wake_r], timeout=1.0)
             for obj in ready:
-                if obj is reader:
-                    self.on_reply(s._replies.get())
+                if obj is s._wake_r:
+                    s._wake_r.recv()
+                    self.admit()
+                elif obj in s.pool.by_conn:
+                    try:
+                        msg = obj.recv()
+                    except (EOFError, OSError):
+                        pool_conns.remove(obj)
+                        proc = s.pool.by_conn[obj]
+                        proc.join(1.0)
+                        msg = ("error", "prefetch", proc.name, None, None, None, "WorkerDied",
+                               f"{proc.name} (pid {proc.pid}) died (exit code {proc.exitcode})", None)
+                    self.on_reply(msg)
                 else:
                     self.on_client(obj)
-        for conn in self.clients:
-            conn.close()
+
+    def admit(self):
+        while True:
+            try:
+                conn = self.s._incoming.get_nowait()
+            except queue.Empty:
+                return
+            self.joined += 1
+            if conn is not None:
+                self.clients.append(conn)
+                if self.failed is not None:
+                    self.send(conn, self.failed)
 
     def on_client(self, conn):
         try:
@@ -193,10 +208,8 @@ class _Loop:
         except (EOFError, OSError):
             msg = ("bye",)
         if msg[0] == "fail":
-            failure = ("error", "pipeline", "node leader", None, None, None, "PeerFailed", msg[1], None)
-            for other in self.clients:
-                if other is not conn:
-                    self.send(other, failure)
+            self.fail(("error", "pipeline", "node leader", None, None, None, "PeerFailed", msg[1], None),
+                      skip=conn)
             return
         if msg[0] == "bye":
             self.clients.remove(conn)
@@ -213,21 +226,28 @@ class _Loop:
             self.state[missing] = _IN_FLIGHT
             task = self.next_task
             self.next_task += 1
-            files = [(int(i), self.catalog.path(i), int(self.catalog.sizes[i])) for i in missing]
-            self.s._tasks.put((task, epoch, step, files))
+            files = [(int(i), self.catalog.path(i), int(self.catalog.sizes[i]), self.catalog.mtime(i))
+                     for i in missing]
+            self.s.pool.tasks.put((task, epoch, step, files))
             self.task_time[task] = None
             tasks = (task,)
         self.waiting.append((conn, seq, indices, tasks))
         self.answer_ready()
 
+    def fail(self, error, skip=None):
+        """Tells every client (but ``skip``) why staging stopped; later requests get the same answer."""
+        self.failed = error
+        self.waiting = []
+        for conn in self.clients:
+            if conn is not skip:
+                self.send(conn, error)
+
     def on_reply(self, msg):
-        stats = self.s.stats
         if msg[0] == "error":
-            self.failed = msg
-            for conn in self.clients:
-                self.send(conn, msg)
-            self.waiting = []
+            if self.failed is None:
+                self.fail(msg)
             return
+        stats = self.s.stats
         _, task, _worker, done, seconds, epoch = msg
         self.task_time[task] = seconds
         stats.prefetch_s += seconds
@@ -256,11 +276,4 @@ class _Loop:
         try:
             conn.send(msg)
         except (OSError, EOFError):
-            pass  # that client left; its EOF is handled when read
-
-    def check_prefetchers(self):
-        for proc in self.s.procs:
-            if proc.exitcode is not None and self.failed is None:
-                self.on_reply(("error", "prefetch", proc.name, None, None, None, "WorkerDied",
-                               f"{proc.name} (pid {proc.pid}) exited unexpectedly with code {proc.exitcode}",
-                               None))
+            pass  # that client left; its end-of-file is handled when read

@@ -1,0 +1,121 @@
+"""A pool of worker processes: one shared task queue, one reply pipe each.
+
+Each worker replies on a pipe whose write end only that worker holds. A
+worker that dies while sending (killed by the OOM killer, say) therefore
+shows up as end-of-file on its own pipe, never as half a message that would
+block the reader forever, as it could on a queue shared by all workers.
+
+Forked workers close every file descriptor that was open in the parent
+when they were started, except standard input, output and error, the task
+queue and their own pipe (as ``subprocess`` does with ``close_fds``); the
+pipe that tells ``multiprocessing`` the worker is alive is made during the
+start and stays. So a worker never keeps another pool's pipe, a peer's
+socket or a janitor's pipe open: when their owner dies the other ends see
+end-of-file at once. A loader must therefore open its files itself, which it
+does with the paths it is given.
+"""
+
+import logging
+import os
+import signal
+import time
+
+log = logging.getLogger(__name__)
+
+
+def _open_fds():
+    return {int(name) for name in os.listdir("/proc/self/fd")}
+
+
+def _entry(target, index, writers, tasks, stop, parent, start_method, inherited, args):
+    mine = writers[index]
+    if start_method == "fork":
+        for fd in inherited - {0, 1, 2, mine.fileno(), tasks._reader.fileno()}:
+            try:
+                os.close(fd)
+            except OSError:
+                pass  # the listing's own descriptor, closed already
+    else:
+        for j, writer in enumerate(writers):
+            if j != index:
+                writer.close()
+    # Ctrl-C reaches the whole process group; the parent alone decides how to
+    # shut down, so a worker must not die mid-copy with a KeyboardInterrupt.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    target(index, parent, tasks, mine, stop, *args)
+
+
+class WorkerPool:
+    """Starts ``count`` processes running ``target(index, parent_pid, tasks, reply, stop, *args)``.
+
+    Args:
+        ctx: A multiprocessing context.
+        name: Process name prefix, e.g. ``stager-read``.
+        count: Number of workers.
+        target: The worker body.
+        args: Extra arguments for ``target``.
+        keep_fds: Inherited descriptors forked workers keep open (a janitor's
+            pipe, so that it waits for them too).
+    """
+
+    def __init__(self, ctx, name, count, target, args, keep_fds=()):
+        self.tasks = ctx.Queue()
+        self.stop_event = ctx.Event()
+        pipes = [ctx.Pipe(duplex=False) for _ in range(count)]
+        self.conns = [reader for reader, _ in pipes]
+        writers = [writer for _, writer in pipes]
+        self.procs = []
+        try:
+            fork = ctx.get_start_method() == "fork"
+            for i in range(count):
+                proc = ctx.Process(target=_entry, name=f"{name}-{i}", daemon=True,
+                                   args=(target, i, writers, self.tasks, self.stop_event, os.getpid(),
+                                         ctx.get_start_method(), _open_fds() - set(keep_fds) if fork else set(), args))
+                proc.start()
+                self.procs.append(proc)
+        finally:
+            for writer in writers:
+                writer.close()  # the parent keeps only the read ends
+        self.by_conn = dict(zip(self.conns, self.procs))
+
+    def pids(self):
+        """Process ids of the live workers."""
+        return [p.pid for p in self.procs if p.is_alive()]
+
+    def stop(self, timeout_s):
+        """Stops the workers: event, one ``None`` sentinel each, join while
+        draining their pipes, then terminate, then kill. Safe to call twice."""
+        if not self.procs:
+            return
+        self.stop_event.set()
+        for _ in self.procs:
+            self.tasks.put(None)
+        deadline = time.monotonic() + timeout_s
+        for proc, conn in zip(self.procs, self.conns):
+            while proc.is_alive() and time.monotonic() < deadline:
+                _drain(conn)
+                proc.join(0.05)
+        for proc in self.procs:
+            if proc.is_alive():
+                log.warning("stager: %s (pid %s) did not stop in time; terminating", proc.name, proc.pid)
+                proc.terminate()
+                proc.join(1.0)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(5.0)
+            if proc.is_alive():
+                log.error("stager: %s (pid %s) survives SIGKILL (stuck in the kernel, e.g. on a hung "
+                          "file system); leaving it", proc.name, proc.pid)
+        for conn in self.conns:
+            conn.close()
+        self.tasks.cancel_join_thread()  # nobody will read what is left
+        self.tasks.close()
+        self.procs = []
+
+
+def _drain(conn):
+    try:
+        while not conn.closed and conn.poll():
+            conn.recv()
+    except (EOFError, OSError):
+        pass
