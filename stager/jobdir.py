@@ -5,6 +5,7 @@ or two users, never share or read each other's staged files, and removed at
 the end unless the user asks to keep it.
 """
 
+import fcntl
 import os
 import shutil
 import socket
@@ -24,11 +25,14 @@ def local_base(configured):
 
 
 def job_id(configured):
-    """This job's id: the config's, ``$SLURM_JOB_ID``, else host, pid and a random suffix."""
+    """This job's id: the config's; under Slurm ``$SLURM_JOB_ID``, with ``.$SLURM_STEP_ID``
+    inside a job step (steps of one allocation may run at once); else host, pid
+    and a random suffix."""
     if configured:
         return configured
     if os.environ.get("SLURM_JOB_ID"):
-        return os.environ["SLURM_JOB_ID"]
+        step = os.environ.get("SLURM_STEP_ID")
+        return os.environ["SLURM_JOB_ID"] + (f".{step}" if step else "")
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
@@ -71,6 +75,7 @@ class JobDir:
                               "stager never writes to the shared file system")
         self._created = False
         self._janitor = None
+        self._lock = None
 
     def create(self):
         """Makes the directory 0700; reuses one this user already owns (a kept job).
@@ -87,6 +92,16 @@ class JobDir:
                 raise ConfigError(f"staging directory {self.path} exists and is not a directory "
                                   "owned by this user") from None
         os.chmod(self.path, 0o700)
+        # One user of the directory at a time: a second job step with the
+        # same id would otherwise delete the first one's files at its end.
+        self._lock = os.open(os.path.join(self.path, ".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._lock)
+            self._lock = None
+            raise ConfigError(f"staging directory {self.path} is in use by another job or job step; give this "
+                              "one its own staging.job_id") from None
         self._created = True
         if not self.keep:
             self._janitor = Janitor(self.path)
@@ -102,6 +117,9 @@ class JobDir:
         if self._created and not self.keep:
             shutil.rmtree(self.path, ignore_errors=True)
         self._created = False
+        if self._lock is not None:
+            os.close(self._lock)
+            self._lock = None
         if self._janitor is not None:
             self._janitor.release()
             self._janitor = None

@@ -216,6 +216,8 @@ def mount(source, mountpoint, open_ms=10.0, mbps=0.0, timeout_s=30.0, log_path=N
     err = b""
     if proc.poll() is None:
         proc.kill()
+        # It may have mounted without saying so; never leave a dead mount.
+        subprocess.run([_fusermount(), "-u", "-z", mountpoint], capture_output=True)
     if proc.stderr is not None:
         err = proc.stderr.read()
         proc.stderr.close()
@@ -317,7 +319,10 @@ class SlowFS:
 
     def _cleanup_dir(self):
         if self._made_dir:
-            os.rmdir(self.mountpoint)
+            try:
+                os.rmdir(self.mountpoint)
+            except OSError:
+                pass  # still busy; never hide the error that brought us here
             self._made_dir = False
 
 

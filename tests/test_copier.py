@@ -49,8 +49,29 @@ def test_full_local_disk_names_the_file_and_leaves_no_partial_copy(tmp_path, tin
     err = info.value
     assert err.stage == "prefetch" and err.cause == "OSError" and os.strerror(errno.ENOSPC) in str(err)
     assert err.path.startswith("s")
-    staged = sorted(os.listdir(pipe.local_dir))
+    listing = sorted(os.listdir(pipe.local_dir))
+    assert not [f for f in listing if f.endswith(".part")]
+    staged = [f for f in listing if not f.startswith(".")]  # .lock is the directory's own
     assert err.path not in staged
-    assert not [f for f in staged if f.endswith(".part")]
     for name in staged:
         assert (tmp_path / "src" / name).read_bytes() == (tiny_tmpfs / pipe.local_dir / name).read_bytes()
+
+
+def test_a_staging_directory_in_use_is_refused(tmp_path):
+    from stager.errors import ConfigError
+    from stager.jobdir import JobDir
+    from stager.config import StagingConfig
+    from stager.world import World
+
+    staging = StagingConfig(local_dir=str(tmp_path / "nvme"), job_id="42.0")
+    first = JobDir(staging, str(tmp_path / "src"), "42.0", World())
+    path = first.create()
+    assert os.path.basename(path) == "stager-42.0" and (os.stat(path).st_mode & 0o777) == 0o700
+    second = JobDir(staging, str(tmp_path / "src"), "42.0", World())
+    with pytest.raises(ConfigError, match="in use by another job or job step"):
+        second.create()
+    first.remove()
+    assert not os.path.exists(path)
+    assert second.create() == path
+    second.remove()
+    second.remove()

@@ -164,7 +164,7 @@ def test_source_file_changing_size_is_never_published(tmp_path):
     # keep=True leaves the directory for inspection: the bad file is absent,
     # and no temporary file remains either.
     staged = [os.path.relpath(os.path.join(d, f), pipe.local_dir)
-              for d, _, files in os.walk(pipe.local_dir) for f in files]
+              for d, _, files in os.walk(pipe.local_dir) for f in files if f != ".lock"]
     assert catalog.path(5) not in staged
     assert not [f for f in staged if f.endswith(".part")]
     assert set(staged) <= set(catalog.paths())
@@ -217,3 +217,65 @@ def test_workers_exit_when_their_parent_is_killed(slow_source, tmp_path):
         for fd in fds:
             os.close(fd)
     assert not os.path.exists(local), "the janitor must remove the staging directory of a killed owner"
+
+
+def test_a_reader_killed_mid_run_is_reported_not_waited_for(slow_source, tmp_path):
+    cfg = make_config(slow_source, tmp_path / "local", plan={"epochs": 0}, reader={"workers": 2})
+    pipe = Pipeline(cfg)
+    with pytest.raises(StageError, match=r"stager-read-\d \(pid \d+\) died") as info:
+        with pipe:
+            it = iter(pipe)
+            next(it)
+            os.kill(pipe._core.readers.procs[0].pid, signal.SIGKILL)
+            for _ in it:  # ends with the error, not a hang
+                pass
+    assert info.value.stage == "read" and info.value.cause == "WorkerDied"
+    assert not pipe.worker_pids() and not os.path.exists(pipe.local_dir)
+
+
+def test_a_failing_staged_callback_reaches_the_consumer(slow_source, tmp_path):
+    def on_staged(rel, nbytes, epoch):
+        raise OSError(28, "No space left on device", "records/staged.jsonl")
+
+    cfg = make_config(slow_source, tmp_path / "local")
+    pipe = Pipeline(cfg, on_staged=on_staged)
+    with pytest.raises(StageError, match="staging service failed: OSError") as info:
+        with pipe:
+            list(pipe)
+    assert "on_staged" in info.value.remote_traceback
+    assert not pipe.worker_pids() and not os.path.exists(pipe.local_dir)
+
+
+def test_an_abandoned_pipeline_is_collected_and_closed(slow_source, tmp_path):
+    import gc
+    import weakref
+
+    cfg = make_config(slow_source, tmp_path / "local", plan={"epochs": 0})
+    pipe = Pipeline(cfg)
+    for _ in pipe:
+        break
+    pids, local, ref = pipe.worker_pids(), pipe.local_dir, weakref.ref(pipe)
+    del pipe
+    gc.collect()
+    assert ref() is None, "the coordinator thread must not keep the pipeline alive"
+    assert not set(pids) & child_pids() and not os.path.exists(local)
+
+
+def test_a_kept_copy_of_a_changed_source_is_staged_again(tmp_path):
+    root = tmp_path / "data"
+    make_dataset(str(root), 4, nbytes=2048, progress=False)
+    cfg = make_config(str(root), tmp_path / "local", plan={"shuffle": False, "batch_size": 2},
+                      dataset={"loader": "raw"}, staging={"keep": True, "job_id": "kept"})
+    with Pipeline(cfg) as pipe:
+        list(pipe)
+        assert pipe.stats.files_staged == 4
+    catalog = load_catalog(cfg)
+    victim = root / catalog.path(2)
+    data = bytearray(victim.read_bytes())
+    data[-1] ^= 0xFF  # same size, new content and modification time
+    victim.write_bytes(bytes(data))
+    with Pipeline(cfg) as pipe:
+        batches = list(pipe)
+        stats = pipe.stats
+    assert (stats.files_staged, stats.files_present) == (1, 3)
+    assert batches[1].samples[0][0] == bytes(data)
