@@ -172,10 +172,58 @@ class RunConfig:
     Attributes:
         compute_ms: Simulated compute per step, in milliseconds.
         max_batches: Stop after this many minibatches; 0 = all.
+        state_file: Where the position is saved when the run is stopped
+            (SIGTERM, preemption) and read from at the next start, so that a
+            requeued job resumes exactly; ``.rank<r>`` is appended under MPI.
+            Removed when the run completes. None: no resume.
     """
 
     compute_ms: float = 0.0
     max_batches: int = 0
+    state_file: Optional[str] = _path(None)
+
+
+@dataclass(frozen=True)
+class SlurmConfig:
+    """What ``stager slurm render`` puts into an sbatch script.
+
+    Attributes:
+        template: ``srun`` (multi-node, srun --mpi=pmi2), ``mpirun``
+            (mpiexec inside the allocation) or ``single`` (one node).
+        job_name: ``--job-name``.
+        nodes: ``--nodes``.
+        tasks_per_node: ``--ntasks-per-node`` (one rank per GPU).
+        cpus_per_task: ``--cpus-per-task``; 0 leaves it out.
+        gpus_per_node: ``--gpus-per-node``; 0 leaves it out.
+        time: ``--time`` limit, e.g. ``01:00:00``.
+        partition: ``--partition``, or null.
+        account: ``--account``, or null.
+        signal_s: Seconds before the time limit at which Slurm sends SIGTERM
+            (``--signal``), so the job stops cleanly and saves its position.
+        requeue: ``--requeue``: a preempted job goes back to the queue.
+        output: ``--output`` file pattern.
+        venv: The virtual environment with stager; null: the one rendering.
+        local_dir: Node-local base directory; null: ``staging.local_dir``,
+            then ``$SLURM_TMPDIR``, ``$TMPDIR``, ``/tmp`` on each node.
+        command: The job step's command as a list of words; empty: ``stager
+            run CONFIG``.
+    """
+
+    template: str = "srun"
+    job_name: str = "stager"
+    nodes: int = 1
+    tasks_per_node: int = 1
+    cpus_per_task: int = 0
+    gpus_per_node: int = 0
+    time: str = "01:00:00"
+    partition: Optional[str] = None
+    account: Optional[str] = None
+    signal_s: int = 120
+    requeue: bool = False
+    output: str = "stager-%j.out"
+    venv: Optional[str] = _path(None)
+    local_dir: Optional[str] = _path(None)
+    command: List[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -191,6 +239,7 @@ class Config:
     processes: ProcessesConfig = field(default_factory=ProcessesConfig)
     world: WorldConfig = field(default_factory=WorldConfig)
     run: RunConfig = field(default_factory=RunConfig)
+    slurm: SlurmConfig = field(default_factory=SlurmConfig)
 
     def to_dict(self):
         """Returns the configuration as nested plain dictionaries."""
@@ -306,6 +355,9 @@ def _validate(cfg):
         (cfg.processes.start_method in multiprocessing.get_all_start_methods(),
          f"processes.start_method must be one of {multiprocessing.get_all_start_methods()}"),
         (cfg.run.compute_ms >= 0 and cfg.run.max_batches >= 0, "run.compute_ms and run.max_batches must be 0 or more"),
+        (cfg.slurm.nodes >= 1 and cfg.slurm.tasks_per_node >= 1, "slurm.nodes and slurm.tasks_per_node must be at least 1"),
+        (min(cfg.slurm.cpus_per_task, cfg.slurm.gpus_per_node, cfg.slurm.signal_s) >= 0,
+         "slurm.cpus_per_task, slurm.gpus_per_node and slurm.signal_s must be 0 or more"),
     ]
     for ok, message in checks:
         if not ok:

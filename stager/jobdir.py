@@ -16,9 +16,18 @@ from .errors import ConfigError
 from .janitor import Janitor
 
 
+LOCAL_DIR_ENV = "STAGER_LOCAL_DIR"
+
+
 def local_base(configured):
-    """Node-local base directory: the config's, ``$SLURM_TMPDIR``, ``$TMPDIR``, then ``/tmp``."""
-    for candidate in (configured, os.environ.get("SLURM_TMPDIR"), os.environ.get("TMPDIR")):
+    """Node-local base directory.
+
+    ``$STAGER_LOCAL_DIR`` first: the sbatch templates set it to the job's
+    directory, which they derive from this same order and create on every
+    node. Then the config's setting, ``$SLURM_TMPDIR``, ``$TMPDIR``, ``/tmp``.
+    """
+    for candidate in (os.environ.get(LOCAL_DIR_ENV), configured, os.environ.get("SLURM_TMPDIR"),
+                      os.environ.get("TMPDIR")):
         if candidate:
             return candidate
     return "/tmp"

@@ -9,6 +9,7 @@ and writes the report and the records.
 import contextlib
 import json
 import os
+import sys
 import time
 
 from . import plan as planlib
@@ -130,6 +131,42 @@ def _combine(summaries):
     return total
 
 
+class StateFile:
+    """The position a stopped run resumes from (``run.state_file``)."""
+
+    def __init__(self, path, world, catalog, plan):
+        self.path = path + (f".rank{world.rank}" if world.size > 1 else "")
+        self.key = {"samples": len(catalog), "seed": plan.seed, "shuffle": plan.shuffle,
+                    "batch_size": plan.batch_size, "world_size": world.size}
+
+    def load(self):
+        """Returns ``(epoch, position)`` saved by a stopped run, or ``(0, 0)``."""
+        try:
+            with open(self.path, encoding="utf-8") as fh:
+                state = json.load(fh)
+        except FileNotFoundError:
+            return (0, 0)
+        except (OSError, ValueError) as exc:
+            raise StagerError(f"cannot read run.state_file {self.path}: {exc}") from None
+        for key, mine in self.key.items():
+            if state.get(key) != mine:
+                raise StagerError(f"run.state_file {self.path} was saved with {key}={state.get(key)!r}, this "
+                                  f"run has {key}={mine!r}; remove it to start over")
+        return (int(state["epoch"]), int(state["position"]))
+
+    def save(self, epoch, position):
+        tmp = self.path + ".part"
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump(dict(self.key, epoch=epoch, position=position), fh)
+        os.replace(tmp, self.path)
+
+    def remove(self):
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+
 def run_job(cfg, report=None, record=None, progress=True, world=None):
     """Runs the configured job on this rank and returns the job's totals.
 
@@ -155,27 +192,44 @@ def run_job(cfg, report=None, record=None, progress=True, world=None):
         if record:
             recorder = Recorder(record, catalog, world)
             stack.callback(recorder.close)
+        state = StateFile(cfg.run.state_file, world, catalog, cfg.plan) if cfg.run.state_file else None
+        start = state.load() if state else (0, 0)
+        if start != (0, 0) and progress:
+            print(f"stager: resuming from epoch {start[0]}, {start[1]} samples into it ({state.path})",
+                  file=sys.stderr)
         steps = planlib.steps_per_epoch(len(catalog), cfg.plan.batch_size, cfg.plan.drop_last, world.size,
                                         cfg.plan.remainder)
-        total = steps * cfg.plan.epochs if cfg.plan.epochs else 0
+        total = steps * (cfg.plan.epochs - start[0]) if cfg.plan.epochs else 0
         if cfg.run.max_batches:
             total = min(total, cfg.run.max_batches) if total else cfg.run.max_batches
-        pipe = stack.enter_context(Pipeline(cfg, catalog, world=world,
+        pipe = stack.enter_context(Pipeline(cfg, catalog, world=world, start=start,
                                             on_staged=recorder.staged if recorder else None))
         bar = Progress(total, "staged run" if cfg.staging.enabled else "direct run", "minibatches",
                        enabled=progress)
         compute_s = cfg.run.compute_ms / 1000.0
         begin = time.perf_counter()
         epochs = set()
-        for batch in pipe:
-            if compute_s:
-                time.sleep(compute_s)  # stands in for the training step
-            epochs.add(batch.epoch)
-            if recorder:
-                recorder.batch(batch)
-            bar.update()
-            if cfg.run.max_batches and pipe.stats.batches >= cfg.run.max_batches:
-                break
+        position = start
+        try:
+            for batch in pipe:
+                if compute_s:
+                    time.sleep(compute_s)  # stands in for the training step
+                epochs.add(batch.epoch)
+                if recorder:
+                    recorder.batch(batch)
+                position = (batch.epoch + 1, 0) if batch.last else (batch.epoch, batch.end)
+                bar.update()
+                if cfg.run.max_batches and pipe.stats.batches >= cfg.run.max_batches:
+                    break
+        except BaseException:
+            if state:  # stopped (SIGTERM, preemption, an error): the next start resumes here
+                state.save(*position)
+            raise
+        if state:
+            if cfg.run.max_batches and (not cfg.plan.epochs or position[0] < cfg.plan.epochs):
+                state.save(*position)
+            else:
+                state.remove()
         wall = time.perf_counter() - begin
         bar.close()
     summary = {"mode": "staged" if cfg.staging.enabled else "direct", "epochs": len(epochs),

@@ -15,18 +15,16 @@ from stager.catalog import Catalog
 from stager.config import PlanConfig
 
 
-def slowfs_mounts(*roots):
-    """Emulator mounts made by the code under test: on temporary mount points
-    (``stager-slowfs-*``) or under ``roots``; the session's shared mount is
-    not one of them."""
-    found = []
+def slowfs_mounts(root):
+    """Emulator mounts under ``root`` (a test's own directory)."""
     with open("/proc/self/mounts") as fh:
-        for line in fh:
-            if line.startswith("stager-slowfs"):
-                target = line.split()[1]
-                if os.path.basename(target).startswith("stager-slowfs-") or target.startswith(tuple(map(str, roots))):
-                    found.append(line)
-    return found
+        return [line for line in fh if line.startswith("stager-slowfs") and line.split()[1].startswith(str(root))]
+
+
+def own_tmp(tmp_path):
+    """Environment that puts a command's temporary directories (the emulator's
+    mount point among them) under the test's own directory."""
+    return dict(os.environ, TMPDIR=str(tmp_path))
 
 
 def write_config(tmp_path, **extra):
@@ -73,7 +71,7 @@ def test_run_writes_report_and_records_that_match_the_plan(tmp_path):
     cfg = write_config(tmp_path)
     proc = subprocess.run(stager_cmd("run", cfg, "--report", str(tmp_path / "r.json"),
                                      "--record", str(tmp_path / "rec"), "--set", "run.compute_ms=1"),
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=120, env=own_tmp(tmp_path))
     assert proc.returncode == 0, proc.stderr
     assert "staged: 16 minibatches, 120 samples" in proc.stdout
     report = json.loads((tmp_path / "r.json").read_text())
@@ -94,7 +92,7 @@ def test_run_writes_report_and_records_that_match_the_plan(tmp_path):
     sizes = dict(zip(catalog.paths(), catalog.sizes.tolist()))
     assert all(s["bytes"] == sizes[s["path"]] and s["epoch"] == 0 for s in staged)
 
-    assert not slowfs_mounts()
+    assert not slowfs_mounts(tmp_path)
     assert os.listdir(tmp_path / "local") == []
 
 
@@ -109,7 +107,7 @@ def test_run_rejects_an_unknown_key_by_name(tmp_path):
 def test_sigterm_mid_run_stops_workers_unmounts_and_cleans_up(tmp_path):
     cfg = write_config(tmp_path, epochs=0)
     proc = subprocess.Popen(stager_cmd("run", cfg, "--set", "run.compute_ms=5"),
-                            stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=own_tmp(tmp_path))
     try:
         # The progress bar's first line means minibatches are flowing.
         for line in proc.stderr:
@@ -128,7 +126,7 @@ def test_sigterm_mid_run_stops_workers_unmounts_and_cleans_up(tmp_path):
         proc.stderr.close()
         proc.stdout.close()
     wait_gone(workers, 10)
-    assert not slowfs_mounts()
+    assert not slowfs_mounts(tmp_path)
     assert os.listdir(tmp_path / "local") == []
 
 
@@ -176,13 +174,12 @@ def test_config_prints_every_key(tmp_path):
     assert "epochs: 3" in proc.stdout and "prefetchers: 4" in proc.stdout
 
 
-def test_demo_runs_both_methods_and_cleans_up():
-    before = set(os.listdir("/tmp"))
+def test_demo_runs_both_methods_and_cleans_up(tmp_path):
     proc = subprocess.run(stager_cmd("demo", "--samples", "96", "--quiet"), capture_output=True, text=True,
-                          timeout=300)
+                          timeout=300, env=own_tmp(tmp_path))
     assert proc.returncode == 0, proc.stderr
     assert "stager (8 prefetchers + 2 readers)" in proc.stdout
     assert "direct (2 readers on the slow file system)" in proc.stdout
     assert "faster than direct reading (96 files" in proc.stdout
-    assert not [d for d in set(os.listdir("/tmp")) - before if d.startswith("stager-")]
-    assert not slowfs_mounts()
+    assert os.listdir(tmp_path) == [], "the demo must remove everything it made"
+    assert not slowfs_mounts(tmp_path)

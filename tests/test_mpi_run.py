@@ -32,8 +32,10 @@ staging: {{local_dir: local, lookahead: 4}}
     return str(tmp_path / "job.yaml")
 
 
-def mpirun(nodes, args, timeout=180, env=None):
-    """Runs ``stager ARGS`` on ``nodes`` (a list of (node id, ranks)) with one mpiexec."""
+def mpirun(nodes, args, tmp_path, timeout=180, env=None):
+    """Runs ``stager ARGS`` on ``nodes`` (a list of (node id, ranks)) with one mpiexec,
+    temporary directories (the emulator's mount point) under ``tmp_path``."""
+    env = dict(env or os.environ, TMPDIR=str(tmp_path))
     cmd = [MPIEXEC]
     for i, (node, ranks) in enumerate(nodes):
         if i:
@@ -67,7 +69,7 @@ def assert_nothing_left(tmp_path, marker):
             os.close(fd)
     assert os.listdir(tmp_path / "local") == [], "staging directories left behind"
     with open("/proc/self/mounts") as fh:
-        assert not [m for m in fh if m.startswith("stager-slowfs") and "/stager-slowfs-" in m.split()[1]]
+        assert not [m for m in fh if m.split()[1].startswith(str(tmp_path))]
 
 
 def read_records(rec):
@@ -92,7 +94,8 @@ def test_ranks_split_each_epoch_and_nodes_stage_only_their_ranks_files(tmp_path,
     for prefetchers, readers in ((1, 1), (4, 3)):
         rec = tmp_path / f"rec-{prefetchers}-{readers}"
         proc = mpirun(nodes, ["run", job, "--quiet", "--record", str(rec), "--report", str(rec / "r.json"),
-                              "--set", f"staging.prefetchers={prefetchers}", "--set", f"reader.workers={readers}"])
+                              "--set", f"staging.prefetchers={prefetchers}", "--set", f"reader.workers={readers}"],
+                      tmp_path)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         reads, staged = read_records(rec)
         assert sorted(reads) == list(range(size))
@@ -131,7 +134,7 @@ def test_one_rank_failing_mid_epoch_ends_the_job(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "tests", "helpers"))
     proc = mpirun(LAYOUTS["4 ranks on 2 nodes"],
                   ["run", job, "--quiet", "--set", "dataset.loader=faults:fail_on_rank_2",
-                   "--set", "run.compute_ms=5", "--set", "plan.epochs=0"], timeout=120, env=env)
+                   "--set", "run.compute_ms=5", "--set", "plan.epochs=0"], tmp_path, timeout=120, env=env)
     assert proc.returncode != 0
     assert "injected failure on rank 2" in proc.stderr
     assert "aborting the MPI job" in proc.stderr
