@@ -1,7 +1,7 @@
 """The ``stager`` command."""
 
 import argparse
-import json
+import os
 import signal
 import sys
 
@@ -55,6 +55,27 @@ def _cmd_slowfs(args):
     else:
         slowfs.umount(args.mountpoint)
         print(f"unmounted {args.mountpoint}")
+    return 0
+
+
+def _cmd_slurm(args):
+    from . import slurm
+    from .jobdir import local_base
+
+    if args.action == "local-dir":
+        cfg = load_config(args.config)
+        print(local_base(cfg.staging.local_dir, with_env=False))
+        return 0
+    cfg = load_config(args.config, args.set)
+    name = args.template or cfg.slurm.template
+    with open(slurm.template_path(name), encoding="utf-8") as fh:
+        script = slurm.render(fh.read(), cfg, args.config)
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as fh:
+            fh.write(script)
+        os.chmod(args.output, 0o755)
+    else:
+        sys.stdout.write(script)
     return 0
 
 
@@ -118,6 +139,23 @@ def build_parser():
                                                                                     "for its daemon to exit.")
     u.add_argument("mountpoint", metavar="MNT")
     p.set_defaults(func=_cmd_slowfs)
+
+    p = sub.add_parser("slurm", help="sbatch scripts from the templates in slurm/",
+                       description="Render an sbatch template from a config's slurm section.")
+    ssub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    r = ssub.add_parser("render", help="fill a template from a config",
+                        description="Fill an sbatch template (srun, mpirun, single, or a file) from CONFIG's "
+                                    "slurm section; every value is quoted or checked.")
+    r.add_argument("--config", required=True, help="the stager config the job runs with")
+    r.add_argument("--template", help="srun, mpirun, single or a template file (default: slurm.template)")
+    r.add_argument("--set", action="append", metavar="KEY=VALUE", default=[],
+                   help="override a config value, e.g. --set slurm.nodes=4 (repeatable)")
+    r.add_argument("-o", "--output", help="write the script here (default: standard output)")
+    ld = ssub.add_parser("local-dir", help="print the node-local base directory a job would use",
+                         description="Print staging.local_dir, else $SLURM_TMPDIR, $TMPDIR or /tmp (the "
+                                     "templates call it on the node).")
+    ld.add_argument("config", help="the stager config")
+    p.set_defaults(func=_cmd_slurm)
 
     p = sub.add_parser("config", help="print the effective config (all keys, with defaults)",
                        description="Print the effective configuration as YAML: CONFIG (optional) with "

@@ -19,15 +19,15 @@ from .janitor import Janitor
 LOCAL_DIR_ENV = "STAGER_LOCAL_DIR"
 
 
-def local_base(configured):
+def local_base(configured, with_env=True):
     """Node-local base directory.
 
     ``$STAGER_LOCAL_DIR`` first: the sbatch templates set it to the job's
     directory, which they derive from this same order and create on every
     node. Then the config's setting, ``$SLURM_TMPDIR``, ``$TMPDIR``, ``/tmp``.
     """
-    for candidate in (os.environ.get(LOCAL_DIR_ENV), configured, os.environ.get("SLURM_TMPDIR"),
-                      os.environ.get("TMPDIR")):
+    first = os.environ.get(LOCAL_DIR_ENV) if with_env else None
+    for candidate in (first, configured, os.environ.get("SLURM_TMPDIR"), os.environ.get("TMPDIR")):
         if candidate:
             return candidate
     return "/tmp"
