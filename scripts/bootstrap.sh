@@ -16,9 +16,10 @@ case "$what" in
   *) echo "usage: $0 demo|test" >&2; exit 2 ;;
 esac
 
-# FUSE runs the emulated slow file system; python3-venv makes the venv on a
-# bare Debian. Missing ones are installed when we are root, else named.
-apt_packages=(fuse3 libfuse3-3)
+# FUSE runs the emulated slow file system; Slurm and munge run the sbatch
+# template tests on a real single-node cluster; python3-venv makes the venv
+# on a bare Debian. Missing ones are installed when we are root, else named.
+apt_packages=(fuse3 libfuse3-3 slurmd slurmctld slurm-client munge)
 python3 -m venv --help >/dev/null 2>&1 || apt_packages+=(python3-venv)
 missing=()
 for pkg in "${apt_packages[@]}"; do

@@ -183,3 +183,35 @@ def test_demo_runs_both_methods_and_cleans_up(tmp_path):
     assert "faster than direct reading (96 files" in proc.stdout
     assert os.listdir(tmp_path) == [], "the demo must remove everything it made"
     assert not slowfs_mounts(tmp_path)
+
+
+def test_a_stopped_run_with_a_state_file_resumes_exactly(tmp_path):
+    cfg = write_config(tmp_path, epochs=2)
+    state = tmp_path / "state.json"
+    common = ["--set", f"run.state_file={state}", "--set", "run.compute_ms=20"]
+    proc = subprocess.Popen(stager_cmd("run", cfg, "--record", str(tmp_path / "rec1"), *common),
+                            stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=own_tmp(tmp_path))
+    try:
+        for line in proc.stderr:
+            if "minibatches" in line:  # the progress bar's first line: minibatches are flowing
+                break
+        proc.send_signal(signal.SIGTERM)  # what Slurm sends before the time limit or on preemption
+        assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stderr.close()
+        proc.stdout.close()
+    saved = json.loads(state.read_text())
+    assert saved["epoch"] in (0, 1) and saved["samples"] == 60
+    proc = subprocess.run(stager_cmd("run", cfg, "--record", str(tmp_path / "rec2"), *common),
+                          capture_output=True, text=True, timeout=120, env=own_tmp(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert "resuming from epoch" in proc.stderr and not state.exists()
+    catalog = Catalog.from_manifest(str(tmp_path / "data"), "manifest.tsv")
+    lines = [json.loads(x) for rec in ("rec1", "rec2") for x in (tmp_path / rec / "rank-0.jsonl").read_text().splitlines()]
+    expected = [(m.epoch, m.step, [catalog.path(i) for i in m.indices])
+                for m in plan.iterate(60, PlanConfig(batch_size=8, epochs=2, seed=11))]
+    assert [(x["epoch"], x["step"], x["samples"]) for x in lines] == expected
+    assert 0 < len((tmp_path / "rec1" / "rank-0.jsonl").read_text().splitlines()) < len(expected)

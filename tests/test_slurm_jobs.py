@@ -1,0 +1,112 @@
+"""Rendered templates submitted to a real single-node Slurm with sbatch."""
+
+import json
+import os
+import select
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import REPO
+from slurm_cluster import SlurmCluster, unavailable
+
+REASON = unavailable()
+pytestmark = pytest.mark.skipif(REASON is not None, reason=f"Slurm tests skipped: {REASON}")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    c = SlurmCluster(str(tmp_path_factory.mktemp("slurm")))
+    c.start()
+    yield c
+    c.stop()
+
+
+def write_job(tmp_path, template, epochs=1, extra=""):
+    venv = os.path.dirname(os.path.dirname(sys.executable))
+    (tmp_path / "job.yaml").write_text(f"""
+dataset: {{source: data, manifest: manifest.tsv}}
+synthetic: {{samples: 64, bytes: 2000}}
+plan: {{batch_size: 4, epochs: {epochs}, seed: 2}}
+staging: {{prefetchers: 2}}
+reader: {{workers: 1}}
+run: {{compute_ms: 20{extra}}}
+slurm:
+  template: {template}
+  nodes: 1
+  tasks_per_node: 2
+  time: "00:05:00"
+  output: {tmp_path}/out-%j.log
+  venv: {venv}
+  local_dir: {tmp_path}/nvme
+  command: [{venv}/bin/stager, run, {tmp_path}/job.yaml, --quiet, --report, {tmp_path}/r.json,
+            --record, {tmp_path}/rec]
+""")
+    os.makedirs(tmp_path / "nvme")
+    script = tmp_path / "job.sbatch"
+    subprocess.run([sys.executable, "-m", "stager", "slurm", "render", "--config", str(tmp_path / "job.yaml"),
+                    "-o", str(script)], check=True, timeout=60)
+    return str(script)
+
+
+def left_behind(tmp_path):
+    return [pid for pid in os.listdir("/proc") if pid.isdigit() and _mentions(pid, str(tmp_path))]
+
+
+def _mentions(pid, text):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return text.encode() in fh.read()
+    except OSError:
+        return False
+
+
+def wait_gone(pids, timeout):
+    for pid in pids:
+        try:
+            fd = os.pidfd_open(int(pid))
+        except ProcessLookupError:
+            continue
+        try:
+            assert select.select([fd], [], [], timeout)[0], f"process {pid} outlived the job"
+        finally:
+            os.close(fd)
+
+
+@pytest.mark.parametrize("template", ["single", "srun"])
+def test_sbatch_wait_runs_a_staged_job_with_two_tasks_and_cleans_up(cluster, tmp_path, template):
+    script = write_job(tmp_path, template)
+    proc = cluster.run("sbatch", "--wait", "--chdir", str(tmp_path), script, timeout=300, check=False)
+    logs = "".join(p.read_text() for p in tmp_path.glob("out-*.log"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr + logs
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["world_size"] == 2 and report["samples"] == 64 and report["files_staged"] == 64
+    assert sorted(os.listdir(tmp_path / "rec")) == ["rank-0.jsonl", "rank-1.jsonl", f"staged-{socket.gethostname()}.jsonl"]
+    assert os.listdir(tmp_path / "nvme") == [], "the node-local job directory must be gone"
+    wait_gone(left_behind(tmp_path), 15)
+
+
+def test_scancel_mid_run_leaves_no_directory_and_no_process(cluster, tmp_path):
+    script = write_job(tmp_path, "srun", epochs=0)
+    out = cluster.run("sbatch", "--parsable", "--chdir", str(tmp_path), script).stdout.strip()
+    job = out.split(";")[0]
+    deadline = time.monotonic() + 120
+    rank0 = tmp_path / "rec" / "rank-0.jsonl"
+    # No event crosses from the job to here: look until minibatches are flowing.
+    while time.monotonic() < deadline and not (rank0.exists() and rank0.stat().st_size > 0):
+        time.sleep(0.2)
+    assert rank0.exists(), "the job never started reading"
+    job_dirs = os.listdir(tmp_path / "nvme")
+    assert job_dirs == [f"stager-{job}"]
+    running = left_behind(tmp_path)
+    assert running
+    cluster.run("scancel", job)
+    while time.monotonic() < deadline and cluster.job_state(job) is not None:
+        time.sleep(0.2)
+    assert cluster.job_state(job) is None, "the job did not end after scancel"
+    wait_gone(running, 30)
+    assert not left_behind(tmp_path)
+    assert os.listdir(tmp_path / "nvme") == [], "scancel must not leave the staging directory"
