@@ -6,7 +6,8 @@
 #
 # Set-up is idempotent: system packages (as root, only those missing), a
 # virtual environment in .venv/ at the repository root, and stager installed
-# in it (editable) with the mpich wheel, Chainer and the test tools.
+# in it (editable) with the mpich wheel, Chainer, matplotlib (for `stager
+# bench`) and the test tools.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -47,7 +48,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_CONSTRAINT="$PWD/constraints.txt"
 export PIP_BUILD_CONSTRAINT="$PWD/constraints.txt" SETUPTOOLS_USE_DISTUTILS=stdlib
 .venv/bin/python -m pip install -q --upgrade pip "setuptools>=77.0.3,<81" wheel
 echo "bootstrap: installing stager and its dependencies into .venv"
-.venv/bin/python -m pip install -q -e ".[mpich,test,chainer]"
+.venv/bin/python -m pip install -q -e ".[mpich,test,chainer,bench]"
 
 case "$what" in
   demo)

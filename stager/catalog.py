@@ -79,6 +79,10 @@ class Catalog:
         """Returns the relative path of sample ``index``."""
         return self._blob[self._offsets[index]:self._offsets[index + 1]].decode("utf-8")
 
+    def rooted(self, root):
+        """The same samples under another root (a local copy of the dataset)."""
+        return Catalog(root, self._blob, self._offsets, self.sizes, self.labels, self.mtimes)
+
     def paths_blob(self):
         """All relative paths, UTF-8, concatenated (see ``path`` for the cut)."""
         return self._blob

@@ -79,6 +79,48 @@ def _cmd_slurm(args):
     return 0
 
 
+def _cmd_bench(args):
+    import json
+    import shlex
+
+    from .bench import report
+    from .bench.sweep import BenchOptions, run_bench
+
+    opts = BenchOptions()
+    if args.quick:
+        opts = BenchOptions(batches=8, batch_size=8, bytes=20_000, open_ms=2.0, mbps=0.0, prefetchers=[2, 4],
+                            readers=[2], compute_ms=5.0, train_prefetchers=4, train_readers=2)
+    for name in ("batches", "batch_size", "bytes", "open_ms", "mbps", "compute_ms", "prefetchers", "readers"):
+        value = getattr(args, name)
+        if value is not None:
+            setattr(opts, name, value)
+    opts.chainer = not args.no_chainer
+    result = run_bench(opts)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump(result, fh, indent=1)
+    plots = []
+    if args.plots:
+        os.makedirs(args.plots, exist_ok=True)
+        plots = [("elapsed time against prefetchers", os.path.join(args.plots, "bench-throughput.png")),
+                 ("where the time went, training", os.path.join(args.plots, "bench-breakdown.png"))]
+        report.plot_throughput(result, plots[0][1])
+        report.plot_breakdown(result, plots[1][1])
+    command = "stager bench " + " ".join(shlex.quote(a) for a in sys.argv[2:])
+    block = report.markdown(result, command, plots)
+    if args.markdown:
+        report.update_doc(args.markdown, block)
+    print(block)
+    return 0
+
+
+def _ints(text):
+    try:
+        return [int(x) for x in text.split(",") if x]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected numbers separated by commas, got {text!r}") from None
+
+
 def _cmd_config(args):
     cfg = load_config(args.config, args.set)
     sys.stdout.write(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
@@ -156,6 +198,24 @@ def build_parser():
                                      "templates call it on the node).")
     ld.add_argument("config", help="the stager config")
     p.set_defaults(func=_cmd_slurm)
+
+    p = sub.add_parser("bench", help="stager against DataLoader, MultiprocessIterator, stage-all-first, ideal",
+                       description="Run the throughput and training scenarios on the slow file system "
+                                   "emulator, side by side, and report times, the bound and efficiencies.")
+    p.add_argument("--quick", action="store_true", help="a tiny run (seconds), for a smoke test")
+    p.add_argument("--batches", type=int, help="minibatches in the throughput epoch (default 100; published: 1000)")
+    p.add_argument("--batch-size", type=int, help="samples per minibatch (default 32)")
+    p.add_argument("--bytes", type=int, help="bytes per sample (default 110000)")
+    p.add_argument("--open-ms", type=float, help="latency per open of the emulator (default 10)")
+    p.add_argument("--mbps", type=float, help="emulator bandwidth in MB/s (default 500; 0: unlimited)")
+    p.add_argument("--compute-ms", type=float, help="simulated compute per step, training scenario (default 40)")
+    p.add_argument("--prefetchers", type=_ints, help="prefetcher counts to sweep (default 2,4,8,12,16)")
+    p.add_argument("--readers", type=_ints, help="reader counts to sweep (default 2,4,8)")
+    p.add_argument("--no-chainer", action="store_true", help="leave Chainer's MultiprocessIterator out")
+    p.add_argument("--json", metavar="FILE", help="write every measurement as JSON")
+    p.add_argument("--plots", metavar="DIR", help="write bench-throughput.png and bench-breakdown.png here")
+    p.add_argument("--markdown", metavar="FILE", help="put the tables into FILE (e.g. docs/benchmarks.md)")
+    p.set_defaults(func=_cmd_bench)
 
     p = sub.add_parser("config", help="print the effective config (all keys, with defaults)",
                        description="Print the effective configuration as YAML: CONFIG (optional) with "

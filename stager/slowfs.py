@@ -133,7 +133,9 @@ def serve(source, mountpoint, open_ms, mbps, ready_fd=None, owner_fd=None, remov
                          daemon=True).start()
 
     ops = _operations(source, open_ms / 1000.0, mbps * 1e6, ready_fd)
-    mfusepy.FUSE(ops, mountpoint, foreground=True, nothreads=False, ro=True,
+    # libfuse serves at most 10 requests at once by default: fewer than the
+    # opens a parallel file system takes at once, and than 16 prefetchers.
+    mfusepy.FUSE(ops, mountpoint, foreground=True, nothreads=False, ro=True, max_threads=128,
                  fsname=f"{FSNAME}:{os.getpid()}", default_permissions=True)
     if owner_gone.is_set() and remove_mountpoint:
         try:

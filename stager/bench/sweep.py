@@ -1,0 +1,171 @@
+"""The benchmark's scenarios, run side by side on one emulated slow file system.
+
+Scenario ``throughput`` (the published experiment, scaled by flags): one
+epoch of ``batches`` minibatches read as fast as possible, for every
+prefetcher count p and reader count k. Scenario ``training``: two epochs
+with a simulated compute time per step, total time and stall fraction.
+
+The bound for a setting is the time no implementation can beat:
+``max(files x open latency / concurrent opens + bytes / bandwidth, ideal)``,
+where concurrent opens are the prefetchers (stager, stage-all-first) or the
+readers (direct reading), and ``ideal`` reads an already local copy with the
+same readers. Efficiency is bound / measured.
+"""
+
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import List
+
+from ..catalog import Catalog
+from ..progress import Progress
+from ..slowfs import SlowFS
+from ..synth import MANIFEST, make_dataset
+from . import methods as m
+
+
+@dataclass
+class BenchOptions:
+    """What to run.
+
+    Attributes:
+        batches: Minibatches in the throughput epoch (the published run: 1,000).
+        batch_size: Samples per minibatch (published: 32).
+        bytes: Bytes per sample (published: ~110 KB).
+        open_ms: Latency per open of the emulated file system.
+        mbps: Its shared bandwidth in MB/s (0: unlimited).
+        prefetchers: Prefetcher counts to sweep.
+        readers: Reader counts to sweep.
+        compute_ms: Simulated compute per step in the training scenario.
+        train_prefetchers: Prefetchers in the training scenario.
+        train_readers: Readers in the training scenario.
+        workdir: Where the dataset and the local copies go; None: a
+            temporary directory, removed at the end.
+        chainer: Include Chainer's MultiprocessIterator.
+    """
+
+    batches: int = 100
+    batch_size: int = 32
+    bytes: int = 110_000
+    open_ms: float = 10.0
+    mbps: float = 500.0
+    prefetchers: List[int] = field(default_factory=lambda: [2, 4, 8, 12, 16])
+    readers: List[int] = field(default_factory=lambda: [2, 4, 8])
+    compute_ms: float = 40.0
+    train_prefetchers: int = 12
+    train_readers: int = 2
+    workdir: str = None
+    chainer: bool = True
+
+
+def source_bound(files, nbytes, open_s, mbps, concurrency):
+    """Seconds the source needs at best: opens spread over ``concurrency``, bytes at full bandwidth."""
+    return files * open_s / concurrency + (nbytes / (mbps * 1e6) if mbps else 0.0)
+
+
+def run_bench(opts, out=print):
+    """Runs both scenarios; returns a JSON-ready dictionary."""
+    own = opts.workdir is None
+    work = tempfile.mkdtemp(prefix="stager-bench-") if own else opts.workdir
+    try:
+        data = os.path.join(work, "data")
+        samples = opts.batches * opts.batch_size
+        if not os.path.exists(os.path.join(data, MANIFEST)):
+            make_dataset(data, samples, opts.bytes, classes=10, seed=0)
+        local = os.path.join(work, "local")
+        os.makedirs(local, exist_ok=True)
+        with SlowFS(data, open_ms=opts.open_ms, mbps=opts.mbps) as mnt:
+            catalog = Catalog.from_manifest(mnt, MANIFEST)
+            result = {"settings": {k: v for k, v in opts.__dict__.items() if k != "workdir"},
+                      "files": len(catalog), "bytes": catalog.total_bytes}
+            result["throughput"] = _throughput(opts, catalog, mnt, local, work, out)
+            result["training"] = _training(opts, catalog, mnt, local, work, out)
+        result["local_copy"] = _local_copy(opts, data, work)
+        return result
+    finally:
+        if own:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def _fresh(work, name):
+    path = os.path.join(work, name)
+    shutil.rmtree(path, ignore_errors=True)
+    os.makedirs(path)
+    return path
+
+
+def _throughput(opts, catalog, mnt, local, work, out):
+    w = m.Workload(catalog, mnt, local, opts.batch_size, epochs=1, compute_s=0.0)
+    staged = _fresh(work, "staged")
+    m.copy_all(mnt, staged, catalog, max(opts.prefetchers))
+    runs = []
+    ideal = {}
+    plan = [("ideal", 0, k) for k in opts.readers]
+    plan += [(name, 0, k) for k in opts.readers for name in ("direct-torch", "direct-chainer")
+             if name != "direct-chainer" or opts.chainer]
+    plan += [(name, p, k) for p in opts.prefetchers for k in opts.readers for name in ("stager", "stage-all-first")]
+    bar = Progress(len(plan), "bench: throughput", "runs")
+    for name, p, k in plan:
+        if name == "ideal":
+            r = m.ideal(w, k, staged)
+            ideal[k] = r.wall_s
+        elif name == "stage-all-first":
+            r = m.stage_all_first(w, p, k, _fresh(work, "copy"))
+        elif name == "stager":
+            r = m.stager(w, p, k)
+        else:
+            r = m.METHODS[name](w, k)
+        row = r.to_dict()
+        concurrency = p if p else k
+        row["bound_s"] = round(r.wall_s if name == "ideal" else
+                               max(source_bound(len(catalog), catalog.total_bytes, opts.open_ms / 1000,
+                                                opts.mbps, concurrency), ideal.get(k, 0.0)), 4)
+        row["efficiency"] = round(row["bound_s"] / r.wall_s, 3) if r.wall_s else 0.0
+        runs.append(row)
+        bar.update()
+    bar.close()
+    return runs
+
+
+def _training(opts, catalog, mnt, local, work, out):
+    w = m.Workload(catalog, mnt, local, opts.batch_size, epochs=2, compute_s=opts.compute_ms / 1000)
+    p, k = opts.train_prefetchers, opts.train_readers
+    staged = _fresh(work, "staged")
+    m.copy_all(mnt, staged, catalog, p)
+    runs = [m.ideal(w, k, staged), m.direct_torch(w, k)]
+    if opts.chainer:
+        runs.append(m.direct_chainer(w, k))
+    runs += [m.stage_all_first(w, p, k, _fresh(work, "copy")), m.stager(w, p, k)]
+    compute = 2 * (len(catalog) // opts.batch_size) * opts.compute_ms / 1000
+    rows = []
+    for r in runs:
+        row = r.to_dict()
+        row["compute_s"] = round(compute, 3)
+        rows.append(row)
+    return rows
+
+
+def _local_copy(opts, data, work):
+    """Staging from a fast local source (no emulation) against ``cp -r`` of the same files."""
+    catalog = Catalog.from_manifest(data, MANIFEST)
+    subprocess.run(["cp", "-r", data, _fresh(work, "warm")], check=True)  # both then read a warm cache
+    dest = os.path.join(_fresh(work, "cp"), "data")
+    begin = time.perf_counter()
+    subprocess.run(["cp", "-r", data, dest], check=True)
+    cp_s = time.perf_counter() - begin
+    rows = {"cp_r_files_per_s": round(len(catalog) / cp_s, 1)}
+    for p in (1, 2, 4):
+        w = m.Workload(catalog, data, _fresh(work, "local-copy"), opts.batch_size, epochs=1, compute_s=0.0)
+        cfg = w.config(dataset={"loader": "raw"}, staging={"prefetchers": p, "lookahead": 64},
+                       reader={"workers": 1})
+        begin = time.perf_counter()
+        with m.Pipeline(cfg, catalog) as pipe:
+            for _ in pipe:
+                pass
+        rows[f"stager_{p}_prefetchers_files_per_s"] = round(len(catalog) / (time.perf_counter() - begin), 1)
+    best = max(v for k, v in rows.items() if k.startswith("stager_"))
+    rows["best_ratio_to_cp_r"] = round(best / rows["cp_r_files_per_s"], 3)
+    return rows
