@@ -104,27 +104,38 @@ def test_run_rejects_an_unknown_key_by_name(tmp_path):
     assert "'staging.prefetcher'" in proc.stderr and "prefetchers = 4" in proc.stderr
 
 
-def test_sigterm_mid_run_stops_workers_unmounts_and_cleans_up(tmp_path):
-    cfg = write_config(tmp_path, epochs=0)
-    proc = subprocess.Popen(stager_cmd("run", cfg, "--set", "run.compute_ms=5"),
-                            stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=own_tmp(tmp_path))
+def sigterm_while_running(args, tmp_path, inspect=lambda proc: None):
+    """Starts ``stager ARGS``, waits until minibatches flow (the progress bar's
+    first line), calls ``inspect(proc)``, sends SIGTERM and expects a clean exit."""
+    proc = subprocess.Popen(stager_cmd(*args), stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            env=own_tmp(tmp_path))
     try:
-        # The progress bar's first line means minibatches are flowing.
         for line in proc.stderr:
             if "minibatches" in line:
                 break
-        workers = child_pids(proc.pid)
-        assert len(workers) >= 5  # 3 prefetchers + 2 readers (+ the FUSE daemon)
-        local = os.listdir(tmp_path / "local")
-        assert len(local) == 1 and local[0].startswith("stager-")
-        proc.send_signal(signal.SIGTERM)
+        found = inspect(proc)
+        proc.send_signal(signal.SIGTERM)  # what Slurm sends before the time limit or on preemption
         assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+        return found
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
         proc.stderr.close()
         proc.stdout.close()
+
+
+def test_sigterm_mid_run_stops_workers_unmounts_and_cleans_up(tmp_path):
+    cfg = write_config(tmp_path, epochs=0)
+
+    def inspect(proc):
+        workers = child_pids(proc.pid)
+        assert len(workers) >= 5  # 3 prefetchers + 2 readers (+ the FUSE daemon)
+        local = os.listdir(tmp_path / "local")
+        assert len(local) == 1 and local[0].startswith("stager-")
+        return workers
+
+    workers = sigterm_while_running(["run", cfg, "--set", "run.compute_ms=5"], tmp_path, inspect)
     wait_gone(workers, 10)
     assert not slowfs_mounts(tmp_path)
     assert os.listdir(tmp_path / "local") == []
@@ -189,20 +200,7 @@ def test_a_stopped_run_with_a_state_file_resumes_exactly(tmp_path):
     cfg = write_config(tmp_path, epochs=2)
     state = tmp_path / "state.json"
     common = ["--set", f"run.state_file={state}", "--set", "run.compute_ms=20"]
-    proc = subprocess.Popen(stager_cmd("run", cfg, "--record", str(tmp_path / "rec1"), *common),
-                            stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=own_tmp(tmp_path))
-    try:
-        for line in proc.stderr:
-            if "minibatches" in line:  # the progress bar's first line: minibatches are flowing
-                break
-        proc.send_signal(signal.SIGTERM)  # what Slurm sends before the time limit or on preemption
-        assert proc.wait(timeout=60) == 128 + signal.SIGTERM
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        proc.stderr.close()
-        proc.stdout.close()
+    sigterm_while_running(["run", cfg, "--record", str(tmp_path / "rec1"), *common], tmp_path)
     saved = json.loads(state.read_text())
     assert saved["epoch"] in (0, 1) and saved["samples"] == 60
     proc = subprocess.run(stager_cmd("run", cfg, "--record", str(tmp_path / "rec2"), *common),
