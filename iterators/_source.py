@@ -9,14 +9,18 @@ def resolve(config, world=None, catalog=None, overrides=None):
     """Returns ``(config, world, catalog)`` for a front end.
 
     Args:
-        config: A ``Config``, or nested dictionaries of config values.
+        config: A ``Config``, nested dictionaries of config values, or a
+            ``Catalog`` (its files, with the default settings).
         world: A ``World``; default: detected from the config.
         catalog: A ``Catalog``; default: built on rank 0 and broadcast.
         overrides: Nested dictionaries applied on top of ``config``.
     """
+    if isinstance(config, Catalog):
+        catalog, config = config, config_from_dict({"dataset": {"source": config.root}})
     if not isinstance(config, Config):
         if not isinstance(config, dict):
-            raise TypeError(f"expected a stager Config or a dict of config values, got {type(config).__name__}")
+            raise TypeError(f"expected a stager Config, a dict of config values or a Catalog, got "
+                            f"{type(config).__name__}")
         config = config_from_dict(config)
     if overrides:
         config = config.replace(**overrides)

@@ -44,7 +44,8 @@ class StagingIterator(_chainer.dataset.Iterator):
 
     Args:
         dataset_or_config: A stager ``Config`` (or a dict of its values)
-            describing the dataset and the staging.
+            describing the dataset and the staging, or a ``stager.Catalog``
+            (its files, staged with the default settings).
         batch_size: Examples per minibatch (on this rank).
         repeat: Repeat epochs without end; False stops after one epoch, the
             last minibatch short.

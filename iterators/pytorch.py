@@ -67,7 +67,7 @@ class StagedLoader(IterableDataset):
         if get_worker_info() is not None:
             raise RuntimeError("StagedLoader does its own loading in stager's reader processes: use it as "
                                "DataLoader(loader, batch_size=None, num_workers=0), or iterate it directly")
-        if self._position and self._remaining_is_empty():
+        if self._position and len(self) == 0:  # resumed exactly at the end of an epoch
             self._epoch, self._position = self._epoch + 1, 0
         pipe = self._pipeline()
         epoch = self._epoch
@@ -87,9 +87,6 @@ class StagedLoader(IterableDataset):
             yield self.collate_fn(batch.samples)
             if batch.last:
                 return
-
-    def _remaining_is_empty(self):
-        return len(self) == 0
 
     def _pipeline(self):
         if self._pipe is None or self._pipe_at != (self._epoch, self._position):

@@ -166,3 +166,11 @@ def test_trainer_snapshot_mid_epoch_resumes_exactly(cfg, tmp_path):
     assert len(head.batches) == 9 and len(tail.batches) == 11
     assert all(same_batch(a, b) for a, b in zip(head.batches + tail.batches, full.batches))
     assert np.allclose(model.predictor.W.array, model_full.predictor.W.array)
+
+
+def test_a_catalog_is_accepted_as_the_dataset(cfg, examples):
+    catalog = load_catalog(cfg)
+    with StagingIterator(catalog, 10, repeat=False, shuffle=False) as it:
+        batches = list(it)
+    flat = [x for batch in batches for x in batch]
+    assert len(batches) == 10 and all(np.array_equal(a[0], b[0]) and a[1] == b[1] for a, b in zip(flat, examples))
