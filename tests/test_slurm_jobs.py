@@ -52,6 +52,27 @@ slurm:
     return str(script)
 
 
+# The PyPI MPICH's UCX start-up fails now and then under srun (MPI_Init_thread:
+# "Message truncated" in MPIDI_UCX_comm_set_vcis; mpi4py's CI meets it too,
+# pmodels/mpich#7417). That is outside stager, so such a job is submitted once
+# more, saying so; any other failure fails the test.
+MPI_START_FAILED = "Fatal error in internal_Init_thread"
+
+
+def job_log(tmp_path):
+    return "".join(p.read_text() for p in tmp_path.glob("out-*.log"))
+
+
+def mpi_failed_to_start(tmp_path):
+    log = job_log(tmp_path)
+    if MPI_START_FAILED not in log:
+        return False
+    print(f"MPI failed to start in the job (not stager's doing); submitting once more:\n{log[-800:]}")
+    for p in tmp_path.glob("out-*.log"):
+        p.unlink()
+    return True
+
+
 def left_behind(tmp_path):
     return [pid for pid in os.listdir("/proc") if pid.isdigit() and _mentions(pid, str(tmp_path))]
 
@@ -79,9 +100,11 @@ def wait_gone(pids, timeout):
 @pytest.mark.parametrize("template", ["single", "srun"])
 def test_sbatch_wait_runs_a_staged_job_with_two_tasks_and_cleans_up(cluster, tmp_path, template):
     script = write_job(tmp_path, template)
-    proc = cluster.run("sbatch", "--wait", "--chdir", str(tmp_path), script, timeout=300, check=False)
-    logs = "".join(p.read_text() for p in tmp_path.glob("out-*.log"))
-    assert proc.returncode == 0, proc.stdout + proc.stderr + logs
+    for attempt in (1, 2):
+        proc = cluster.run("sbatch", "--wait", "--chdir", str(tmp_path), script, timeout=300, check=False)
+        if proc.returncode == 0 or attempt == 2 or not mpi_failed_to_start(tmp_path):
+            break
+    assert proc.returncode == 0, proc.stdout + proc.stderr + job_log(tmp_path)
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["world_size"] == 2 and report["samples"] == 64 and report["files_staged"] == 64
     assert sorted(os.listdir(tmp_path / "rec")) == ["rank-0.jsonl", "rank-1.jsonl", f"staged-{socket.gethostname()}.jsonl"]
@@ -91,14 +114,17 @@ def test_sbatch_wait_runs_a_staged_job_with_two_tasks_and_cleans_up(cluster, tmp
 
 def test_scancel_mid_run_leaves_no_directory_and_no_process(cluster, tmp_path):
     script = write_job(tmp_path, "srun", epochs=0)
-    out = cluster.run("sbatch", "--parsable", "--chdir", str(tmp_path), script).stdout.strip()
-    job = out.split(";")[0]
-    deadline = time.monotonic() + 120
     rank0 = tmp_path / "rec" / "rank-0.jsonl"
-    # No event crosses from the job to here: look until minibatches are flowing.
-    while time.monotonic() < deadline and not (rank0.exists() and rank0.stat().st_size > 0):
-        time.sleep(0.2)
-    assert rank0.exists(), "the job never started reading"
+    for attempt in (1, 2):
+        job = cluster.run("sbatch", "--parsable", "--chdir", str(tmp_path), script).stdout.strip().split(";")[0]
+        deadline = time.monotonic() + 120
+        # No event crosses from the job to here: look until minibatches flow or the job ends.
+        while (time.monotonic() < deadline and not (rank0.exists() and rank0.stat().st_size > 0)
+               and cluster.job_state(job) is not None):
+            time.sleep(0.2)
+        if rank0.exists() or attempt == 2 or not mpi_failed_to_start(tmp_path):
+            break
+    assert rank0.exists(), "the job never started reading:\n" + job_log(tmp_path)
     job_dirs = os.listdir(tmp_path / "nvme")
     assert job_dirs == [f"stager-{job}"]
     running = left_behind(tmp_path)
