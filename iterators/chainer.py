@@ -141,7 +141,8 @@ class StagingIterator(_chainer.dataset.Iterator):
     def __next__(self):
         if self._done:
             raise StopIteration
-        if self._pipe is None:
+        if self._pipe is None or self._pipe.closed:  # closed by an error: retry from the position
+            self._close_pipe()
             self._open_pipe()
         batch = next(self._pipe)
         self._previous_epoch_detail = self.epoch_detail

@@ -89,7 +89,9 @@ class StagedLoader(IterableDataset):
                 return
 
     def _pipeline(self):
-        if self._pipe is None or self._pipe_at != (self._epoch, self._position):
+        # A pipeline closed by an error starts again from the position, so the
+        # next iteration retries (and fails again) instead of yielding nothing.
+        if self._pipe is None or self._pipe.closed or self._pipe_at != (self._epoch, self._position):
             self._close_pipe()
             self._pipe = Pipeline(self.config, self.catalog, world=self.world,
                                   start=(self._epoch, self._position)).start()

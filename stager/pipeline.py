@@ -177,6 +177,11 @@ class Pipeline:
         self._started = False
         self._closed = False
 
+    @property
+    def closed(self):
+        """Whether the pipeline was closed (by ``close()``, an error or the end of the plan)."""
+        return self._closed
+
     def worker_pids(self):
         """Process ids of this rank's live prefetchers (node leader only) and readers."""
         core = self._core

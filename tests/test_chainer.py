@@ -174,3 +174,14 @@ def test_a_catalog_is_accepted_as_the_dataset(cfg, examples):
         batches = list(it)
     flat = [x for batch in batches for x in batch]
     assert len(batches) == 10 and all(np.array_equal(a[0], b[0]) and a[1] == b[1] for a, b in zip(flat, examples))
+
+
+def test_an_error_is_raised_again_by_the_next_call(cfg, monkeypatch):
+    monkeypatch.syspath_prepend(os.path.join(os.path.dirname(__file__), "helpers"))
+    from stager.errors import StageError
+
+    with StagingIterator(cfg.replace(dataset={"loader": "faults:fail_on_class_2"}), 10) as it:
+        for _ in range(2):
+            with pytest.raises(StageError, match="unreadable sample"):
+                while True:
+                    it.next()

@@ -127,3 +127,15 @@ def test_elastic_resume_from_4_ranks_to_2_repeats_and_skips_nothing(slow_source,
     else:
         assert after == order[len(before):len(before) + len(after)]
         assert len(order) - len(before) - len(after) < 2
+
+
+def test_an_error_is_raised_again_by_the_next_iteration_not_swallowed(cfg, monkeypatch):
+    monkeypatch.syspath_prepend(os.path.join(os.path.dirname(__file__), "helpers"))
+    from stager.errors import StageError
+
+    failing = cfg.replace(dataset={"loader": "faults:fail_on_class_2"})
+    with StagedLoader(failing) as loader:
+        for _ in range(2):
+            with pytest.raises(StageError, match="unreadable sample"):
+                for _ in loader:
+                    pass

@@ -13,3 +13,10 @@ def fail_on_rank_2(path):
     if os.environ.get("PMI_RANK") == "2" and _calls[0] == 20:
         raise RuntimeError(f"injected failure on rank 2 at {os.path.basename(path)}")
     return np.load(path)
+
+
+def fail_on_class_2(path):
+    """Decodes ``.npy`` but raises for every sample of class directory ``c002``."""
+    if "/c002/" in path:
+        raise ValueError(f"unreadable sample {os.path.basename(path)}")
+    return np.load(path)
