@@ -6,7 +6,7 @@ import os
 import select
 import subprocess
 import sys
-from collections import Counter, defaultdict
+from collections import Counter
 
 import pytest
 

@@ -50,7 +50,10 @@ def test_resume_on_another_world_size_continues_the_global_order(n, remainder):
     after = [list(plan.iterate(n, cfg, start_sample=position, rank=r, size=2)) for r in range(2)]
     rest = [i for step in range(len(after[0])) for r in range(2) for i in after[r][step].indices.tolist()]
     order = plan.permutation(n, 2, 0).tolist()
-    assert done + rest[:n - len(done)] == order if remainder == "pad" else (done + rest) == order[:len(done + rest)]
+    if remainder == "pad":
+        assert done + rest[:n - len(done)] == order
+    else:
+        assert done + rest == order[:len(done + rest)]
     if remainder == "pad":
         assert sorted(set(done + rest)) == list(range(n))
         assert len(rest) - (n - len(done)) < 2  # the new world pads at most size - 1 samples

@@ -10,7 +10,6 @@ import time
 
 import pytest
 
-from conftest import REPO
 from slurm_cluster import SlurmCluster, unavailable
 
 REASON = unavailable()

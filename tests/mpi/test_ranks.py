@@ -9,7 +9,6 @@ import tempfile
 import zlib
 from collections import Counter
 
-import numpy as np
 import pytest
 
 from stager import plan
