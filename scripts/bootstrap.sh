@@ -17,10 +17,11 @@ case "$what" in
   *) echo "usage: $0 demo|test" >&2; exit 2 ;;
 esac
 
-# FUSE runs the emulated slow file system; Slurm and munge run the sbatch
-# template tests on a real single-node cluster; python3-venv makes the venv
-# on a bare Debian. Missing ones are installed when we are root, else named.
-apt_packages=(fuse3 libfuse3-3 slurmd slurmctld slurm-client munge)
+# FUSE runs the emulated slow file system, whose C engine is compiled here
+# against libfuse3; Slurm and munge run the sbatch template tests on a real
+# single-node cluster; python3-venv makes the venv on a bare Debian. Missing
+# ones are installed when we are root, else named.
+apt_packages=(fuse3 libfuse3-3 libfuse3-dev pkg-config gcc libc6-dev slurmd slurmctld slurm-client munge)
 python3 -m venv --help >/dev/null 2>&1 || apt_packages+=(python3-venv)
 missing=()
 for pkg in "${apt_packages[@]}"; do
@@ -49,6 +50,8 @@ export PIP_BUILD_CONSTRAINT="$PWD/constraints.txt" SETUPTOOLS_USE_DISTUTILS=stdl
 .venv/bin/python -m pip install -q --upgrade pip "setuptools>=77.0.3,<81" wheel
 echo "bootstrap: installing stager and its dependencies into .venv"
 .venv/bin/python -m pip install -q -e ".[mpich,test,chainer,bench]"
+echo "bootstrap: building the slow file system emulator's C engine"
+.venv/bin/stager slowfs build
 
 case "$what" in
   demo)

@@ -9,6 +9,7 @@ import yaml
 
 from .config import load_config
 from .errors import StagerError
+from .slowfs_engine import ENGINES
 
 
 def _cmd_run(args):
@@ -49,9 +50,14 @@ def _cmd_slowfs(args):
     from . import slowfs
 
     if args.action == "mount":
-        proc = slowfs.mount(args.source, args.mountpoint, args.open_ms, args.mbps, log_path=args.log)
+        proc = slowfs.mount(args.source, args.mountpoint, args.open_ms, args.mbps, log_path=args.log,
+                            engine=args.engine)
         print(f"mounted {args.source} on {args.mountpoint} (daemon pid {proc.pid}); "
               f"end it with: stager slowfs umount {args.mountpoint}")
+    elif args.action == "build":
+        from .slowfs_engine import build_c_engine
+
+        print(build_c_engine())
     else:
         slowfs.umount(args.mountpoint)
         print(f"unmounted {args.mountpoint}")
@@ -90,7 +96,8 @@ def _cmd_bench(args):
     if args.quick:
         opts = BenchOptions(batches=8, batch_size=8, bytes=20_000, open_ms=2.0, mbps=0.0, prefetchers=[2, 4],
                             readers=[2], compute_ms=5.0, train_prefetchers=4, train_readers=2)
-    for name in ("batches", "batch_size", "bytes", "open_ms", "mbps", "compute_ms", "prefetchers", "readers"):
+    for name in ("batches", "batch_size", "bytes", "open_ms", "mbps", "compute_ms", "prefetchers", "readers",
+                 "local_dir", "engine"):
         value = getattr(args, name)
         if value is not None:
             setattr(opts, name, value)
@@ -177,6 +184,11 @@ def build_parser():
     m.add_argument("--open-ms", type=float, default=10.0, help="latency per open in ms (default 10)")
     m.add_argument("--mbps", type=float, default=0.0, help="shared bandwidth cap in MB/s (default 0: none)")
     m.add_argument("--log", help="file for the daemon's output")
+    m.add_argument("--engine", choices=ENGINES, default="auto",
+                   help="the C daemon, the Python one, or C where it can be built (default auto)")
+    ssub.add_parser("build", help="build the C engine now and print its path",
+                    description="Compile stager/slowfsd.c against libfuse3 (needs cc and libfuse3-dev); "
+                                "otherwise it is built on first use.")
     u = ssub.add_parser("umount", help="unmount MNT and end its daemon", description="Unmount MNT and wait "
                                                                                     "for its daemon to exit.")
     u.add_argument("mountpoint", metavar="MNT")
@@ -212,6 +224,9 @@ def build_parser():
     p.add_argument("--prefetchers", type=_ints, help="prefetcher counts to sweep (default 2,4,8,12,16)")
     p.add_argument("--readers", type=_ints, help="reader counts to sweep (default 2,4,8)")
     p.add_argument("--no-chainer", action="store_true", help="leave Chainer's MultiprocessIterator out")
+    p.add_argument("--local-dir", help="node-local storage for every method's copies (default: /dev/shm where "
+                                       "it exists; see docs/benchmarks.md)")
+    p.add_argument("--engine", choices=ENGINES, help="the emulator's engine (default auto: C where it builds)")
     p.add_argument("--json", metavar="FILE", help="write every measurement as JSON")
     p.add_argument("--plots", metavar="DIR", help="write bench-throughput.png and bench-breakdown.png here")
     p.add_argument("--markdown", metavar="FILE", help="put the tables into FILE (e.g. docs/benchmarks.md)")

@@ -69,11 +69,14 @@ class SlowfsConfig:
         enabled: Mount ``dataset.source`` through the emulator for the run.
         open_ms: Latency added to every open, in milliseconds.
         mbps: Shared read bandwidth cap in MB/s (10^6 bytes); 0 = unlimited.
+        engine: ``auto`` (the C daemon where it can be built, else Python),
+            ``c`` or ``python``.
     """
 
     enabled: bool = False
     open_ms: float = 10.0
     mbps: float = 0.0
+    engine: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -111,6 +114,9 @@ class StagingConfig:
             ``$SLURM_JOB_ID``, else a generated id.
         prefetchers: Prefetcher processes.
         lookahead: Minibatches staged ahead of the one being consumed.
+        files_per_task: Files a prefetcher copies per task; 0 = a
+            minibatch's missing files spread over all prefetchers, so the
+            first minibatch is ready after a few opens, not a whole batch.
         keep: Keep the job's staging directory after the run.
     """
 
@@ -119,6 +125,7 @@ class StagingConfig:
     job_id: Optional[str] = None
     prefetchers: int = 4
     lookahead: int = 16
+    files_per_task: int = 0
     keep: bool = False
 
 
@@ -345,12 +352,15 @@ def _validate(cfg):
         (cfg.world.mpi in ("auto", "on", "off"), "world.mpi must be 'auto', 'on' or 'off'"),
         (cfg.staging.prefetchers >= 1, "staging.prefetchers must be at least 1"),
         (cfg.staging.lookahead >= 1, "staging.lookahead must be at least 1"),
+        (cfg.staging.files_per_task >= 0, "staging.files_per_task must be 0 (automatic) or more"),
         (cfg.reader.workers >= 1, "reader.workers must be at least 1"),
         (cfg.reader.ahead >= 0, "reader.ahead must be 0 (auto) or more"),
         (cfg.synthetic.samples >= 0, "synthetic.samples must be 0 or more"),
         (cfg.synthetic.bytes >= 1024, "synthetic.bytes must be at least 1024"),
         (cfg.synthetic.classes >= 1, "synthetic.classes must be at least 1"),
         (cfg.slowfs.open_ms >= 0 and cfg.slowfs.mbps >= 0, "slowfs.open_ms and slowfs.mbps must be 0 or more"),
+        (cfg.slowfs.engine in ("auto", "c", "python"),
+         f"slowfs.engine must be auto, c or python, not {cfg.slowfs.engine!r}"),
         (cfg.processes.shutdown_timeout_s > 0, "processes.shutdown_timeout_s must be positive"),
         (cfg.processes.start_method in multiprocessing.get_all_start_methods(),
          f"processes.start_method must be one of {multiprocessing.get_all_start_methods()}"),

@@ -62,7 +62,7 @@ def prepare_source(cfg, stack, progress=True, world=None):
             cfg = ensure_synthetic(cfg, progress)
             if cfg.slowfs.enabled:
                 mnt = stack.enter_context(SlowFS(cfg.dataset.source, open_ms=cfg.slowfs.open_ms,
-                                                 mbps=cfg.slowfs.mbps))
+                                                 mbps=cfg.slowfs.mbps, engine=cfg.slowfs.engine))
                 manifest = cfg.dataset.manifest
                 if manifest and os.path.isabs(manifest):
                     manifest = os.path.relpath(manifest, cfg.dataset.source)

@@ -37,6 +37,20 @@ log = logging.getLogger(__name__)
 _ABSENT, _IN_FLIGHT, _STAGED = 0, 1, 2
 
 
+def _split(missing, staging):
+    """Splits a minibatch's missing files into prefetcher tasks.
+
+    Whole minibatches per task would make the first one wait for a single
+    prefetcher to open every file in turn, and leave most prefetchers idle
+    at the end of an epoch; one file per task would cost a queue round trip
+    per file. Automatic: as many tasks as prefetchers, a few files each.
+    """
+    if not len(missing):
+        return []
+    per = staging.files_per_task or -(-len(missing) // staging.prefetchers)
+    return [missing[i:i + per] for i in range(0, len(missing), per)]
+
+
 class StagingService:
     """Stages files for the node's ranks (runs on the node leader only).
 
@@ -221,16 +235,16 @@ class _Loop:
             self.send(conn, self.failed)
             return
         missing = indices[self.state[indices] == _ABSENT]
-        tasks = ()
-        if len(missing):
-            self.state[missing] = _IN_FLIGHT
+        self.state[missing] = _IN_FLIGHT
+        tasks = []
+        for chunk in _split(missing, self.s.config.staging):
             task = self.next_task
             self.next_task += 1
             files = [(int(i), self.catalog.path(i), int(self.catalog.sizes[i]), self.catalog.mtime(i))
-                     for i in missing]
+                     for i in chunk]
             self.s.pool.tasks.put((task, epoch, step, files))
             self.task_time[task] = None
-            tasks = (task,)
+            tasks.append(task)
         self.waiting.append((conn, seq, indices, tasks))
         self.answer_ready()
 

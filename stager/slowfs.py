@@ -5,6 +5,10 @@ Metadata-heavy parallel file systems (Lustre under load) are slow mostly per
 open, and their bandwidth is shared; this reproduces both on one machine so
 that the demo, the tests and the benchmarks have a realistic source.
 
+Two engines serve it the same way: a C daemon (``slowfsd.c``, preferred,
+built on first use by ``slowfs_engine.py``) and the Python one here. The
+module is also the Python engine's entry point (``python -m stager.slowfs``).
+
 ``SlowFS`` is a context manager that mounts in a child process and unmounts
 on exit; ``mount`` / ``umount`` back the ``stager slowfs`` commands, where the
 daemon outlives the command and ``umount`` ends it. The daemon's pid is kept
@@ -20,6 +24,8 @@ import subprocess
 import sys
 import threading
 import time
+
+from .slowfs_engine import engine_command
 
 FSNAME = "stager-slowfs"
 
@@ -162,7 +168,7 @@ def _fusermount():
 
 
 def mount(source, mountpoint, open_ms=10.0, mbps=0.0, timeout_s=30.0, log_path=None, owner_fd=None,
-          remove_mountpoint=False):
+          remove_mountpoint=False, engine="auto"):
     """Starts the emulator as a background process and waits until it is mounted.
 
     Args:
@@ -176,13 +182,14 @@ def mount(source, mountpoint, open_ms=10.0, mbps=0.0, timeout_s=30.0, log_path=N
             while it owns the mount; the mount ends itself at EOF. None: the
             mount lasts until ``umount`` (the ``stager slowfs`` command).
         remove_mountpoint: With ``owner_fd``, remove the mount point too.
+        engine: ``auto``, ``c`` or ``python`` (see ``slowfs_engine``).
 
     Returns:
         The daemon's ``subprocess.Popen``.
 
     Raises:
-        RuntimeError: If FUSE is unavailable or the mount fails; the
-            daemon's error output is included.
+        RuntimeError: If FUSE is unavailable, the engine cannot be built or
+            the mount fails; the daemon's error output is included.
     """
     if not os.path.isdir(source):
         raise RuntimeError(f"slowfs: source {source} is not a directory")
@@ -191,10 +198,11 @@ def mount(source, mountpoint, open_ms=10.0, mbps=0.0, timeout_s=30.0, log_path=N
     _fusermount()
     if not os.path.exists("/dev/fuse"):
         raise RuntimeError("slowfs: /dev/fuse is missing; FUSE is not available on this machine")
+    daemon = engine_command(engine)
     read_fd, write_fd = os.pipe()
     log = open(log_path, "ab") if log_path else subprocess.DEVNULL
-    cmd = [sys.executable, "-m", "stager.slowfs", os.path.abspath(source), os.path.abspath(mountpoint),
-           "--open-ms", str(open_ms), "--mbps", str(mbps), "--ready-fd", str(write_fd)]
+    cmd = daemon + [os.path.abspath(source), os.path.abspath(mountpoint), "--open-ms", str(open_ms),
+                    "--mbps", str(mbps), "--ready-fd", str(write_fd)]
     fds = (write_fd,)
     if owner_fd is not None:
         cmd += ["--owner-fd", str(owner_fd)] + (["--remove-mountpoint"] if remove_mountpoint else [])
@@ -270,10 +278,12 @@ class SlowFS:
             removed again on exit.
         open_ms: Latency per open, in milliseconds.
         mbps: Shared bandwidth cap in MB/s; 0 = unlimited.
+        engine: ``auto``, ``c`` or ``python`` (see ``slowfs_engine``).
     """
 
-    def __init__(self, source, mountpoint=None, open_ms=10.0, mbps=0.0):
+    def __init__(self, source, mountpoint=None, open_ms=10.0, mbps=0.0, engine="auto"):
         self.source = source
+        self.engine = engine
         self.mountpoint = mountpoint
         self.open_ms = open_ms
         self.mbps = mbps
@@ -288,7 +298,7 @@ class SlowFS:
         owner_read, self._owner = os.pipe()
         try:
             self._proc = mount(self.source, self.mountpoint, self.open_ms, self.mbps, owner_fd=owner_read,
-                               remove_mountpoint=self._made_dir)
+                               remove_mountpoint=self._made_dir, engine=self.engine)
         except BaseException:
             os.close(self._owner)
             self._cleanup_dir()

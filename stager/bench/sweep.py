@@ -22,7 +22,7 @@ from typing import List
 
 from ..catalog import Catalog
 from ..progress import Progress
-from ..slowfs import SlowFS
+from ..slowfs import SlowFS, _mount_entry
 from ..synth import MANIFEST, make_dataset
 from . import methods as m
 
@@ -42,8 +42,12 @@ class BenchOptions:
         compute_ms: Simulated compute per step in the training scenario.
         train_prefetchers: Prefetchers in the training scenario.
         train_readers: Readers in the training scenario.
-        workdir: Where the dataset and the local copies go; None: a
-            temporary directory, removed at the end.
+        workdir: Where the dataset goes; None: a temporary directory,
+            removed at the end.
+        local_dir: The node-local storage every method copies to and
+            reads from; None: a RAM file system (/dev/shm) where there is
+            one, else ``workdir`` (see ``default_local_dir``).
+        engine: The emulator's engine (``auto``, ``c``, ``python``).
         chainer: Include Chainer's MultiprocessIterator.
     """
 
@@ -58,7 +62,35 @@ class BenchOptions:
     train_prefetchers: int = 12
     train_readers: int = 2
     workdir: str = None
+    local_dir: str = None
+    engine: str = "auto"
     chainer: bool = True
+
+
+def default_local_dir(work):
+    """A RAM file system where there is one, else ``work``.
+
+    Every run creates and deletes thousands of files; on a disk's ext4,
+    creating a file just after thousands were deleted makes the inode
+    allocator skip each recently deleted inode (``recently_deleted`` in
+    ext4's ialloc.c), which cost a third of the machine's CPU in this
+    benchmark and hit the methods that copy, not ``ideal``. A node-local NVMe
+    staged once per job does not pay that; a RAM file system stands in for it.
+    """
+    shm = "/dev/shm"
+    return shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else work
+
+
+def _fs_type(path):
+    best, kind = "", "unknown"
+    path = os.path.realpath(path)
+    with open("/proc/self/mounts", encoding="utf-8") as fh:
+        for line in fh:
+            fields = line.split()
+            mnt = fields[1].replace("\\040", " ")
+            if (path == mnt or path.startswith(mnt.rstrip("/") + "/")) and len(mnt) >= len(best):
+                best, kind = mnt, fields[2]
+    return kind
 
 
 def source_bound(files, nbytes, open_s, mbps, concurrency):
@@ -75,19 +107,34 @@ def run_bench(opts, out=print):
         samples = opts.batches * opts.batch_size
         if not os.path.exists(os.path.join(data, MANIFEST)):
             make_dataset(data, samples, opts.bytes, classes=10, seed=0)
-        local = os.path.join(work, "local")
-        os.makedirs(local, exist_ok=True)
-        with SlowFS(data, open_ms=opts.open_ms, mbps=opts.mbps) as mnt:
-            catalog = Catalog.from_manifest(mnt, MANIFEST)
-            result = {"settings": {k: v for k, v in opts.__dict__.items() if k != "workdir"},
-                      "files": len(catalog), "bytes": catalog.total_bytes}
-            result["throughput"] = _throughput(opts, catalog, mnt, local, work, out)
-            result["training"] = _training(opts, catalog, mnt, local, work, out)
-        result["local_copy"] = _local_copy(opts, data, work)
+        scratch = tempfile.mkdtemp(prefix="stager-bench-local-", dir=opts.local_dir or default_local_dir(work))
+        try:
+            local = _fresh(scratch, "staging")
+            with SlowFS(data, open_ms=opts.open_ms, mbps=opts.mbps, engine=opts.engine) as mnt:
+                catalog = Catalog.from_manifest(mnt, MANIFEST)
+                result = {"settings": {k: v for k, v in opts.__dict__.items() if k != "workdir"},
+                          "files": len(catalog), "bytes": catalog.total_bytes,
+                          "engine": _engine_name(mnt), "local_fs": _fs_type(scratch)}
+                result["throughput"] = _throughput(opts, catalog, mnt, local, scratch, out)
+                result["training"] = _training(opts, catalog, mnt, local, scratch, out)
+            result["local_copy"] = _local_copy(opts, data, scratch)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
         return result
     finally:
         if own:
             shutil.rmtree(work, ignore_errors=True)
+
+
+def _engine_name(mountpoint):
+    """``c`` or ``python``: which engine serves the mount (from its daemon's command line)."""
+    entry = _mount_entry(mountpoint)
+    try:
+        with open(f"/proc/{entry.split(':', 1)[1]}/cmdline", "rb") as fh:
+            argv0 = fh.read().split(b"\0")[0]
+    except (AttributeError, IndexError, OSError):
+        return "unknown"
+    return "c" if os.path.basename(argv0).startswith(b"slowfsd") else "python"
 
 
 def _fresh(work, name):
