@@ -38,6 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import plan as planlib
+from . import wire
 from .catalog import Catalog, broadcast_catalog
 from .errors import StageError
 from .jobdir import JobDir, agreed_job_id
@@ -380,7 +381,7 @@ class _Coordinator:
                                "the node's staging service (on local rank 0) is gone", None)
                 else:
                     try:
-                        msg = source.recv()
+                        msg = wire.recv(source)
                     except (EOFError, OSError):
                         proc = core.readers.by_conn[source]
                         proc.join(1.0)

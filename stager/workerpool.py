@@ -127,8 +127,11 @@ class WorkerPool:
 
 
 def _drain(conn):
+    # Raw bytes, not messages: a reply may be framed by ``wire``, and a
+    # worker blocked on a full pipe only needs room to finish and exit.
     try:
         while not conn.closed and conn.poll():
-            conn.recv()
-    except (EOFError, OSError):
+            if not os.read(conn.fileno(), 1 << 20):
+                return
+    except OSError:
         pass

@@ -14,6 +14,7 @@ import queue
 import time
 import traceback
 
+from . import wire
 from .copier import stage_file
 from .loaders import make_loader
 
@@ -67,12 +68,14 @@ def reader_main(worker, parent_pid, tasks, reply, stop, root, loader, loader_opt
 
     A task is ``(seq, epoch, step, [(relpath, label_or_None), ...])``; the
     reply is ``("batch", seq, worker, samples, seconds)``, where a sample is
-    the loader's output, or ``(output, label)`` for labelled data.
+    the loader's output, or ``(output, label)`` for labelled data. Replies
+    go through ``wire`` so that arrays cross the pipe without extra copies.
     """
+    wire.widen(reply)
     try:
         load = make_loader(loader, loader_options)
     except Exception as exc:
-        reply.send(error_message("read", worker, None, None, None, exc))
+        wire.send(reply, error_message("read", worker, None, None, None, exc))
         load = None
     for seq, epoch, step, files in _tasks(tasks, stop, parent_pid):
         if load is None:
@@ -85,7 +88,7 @@ def reader_main(worker, parent_pid, tasks, reply, stop, root, loader, loader_opt
                 sample = load(os.path.join(root, rel))
                 samples.append(sample if label is None else (sample, label))
         except Exception as exc:
-            reply.send(error_message("read", worker, epoch, step, rel, exc))
+            wire.send(reply, error_message("read", worker, epoch, step, rel, exc))
             load = None
             continue
-        reply.send(("batch", seq, worker, samples, time.perf_counter() - start))
+        wire.send(reply, ("batch", seq, worker, samples, time.perf_counter() - start))

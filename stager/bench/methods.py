@@ -1,8 +1,10 @@
 """One function per way of reading a workload; each returns a ``Result``.
 
 Every method reads the same samples in the same order (the plan's epoch
-permutations), decodes them with ``numpy.load`` and, in the training
-scenario, sleeps the same simulated compute per minibatch. Times include
+permutations) and, in the training scenario, sleeps the same simulated
+compute per minibatch. The direct loaders decode with ``numpy.load``, as
+their users would; stager's pipeline (stager, stage-all-first's reading,
+ideal) with its ``npy`` loader, which returns the same arrays. Times include
 starting the method's processes.
 """
 
@@ -89,10 +91,14 @@ class Workload:
         return config_from_dict(base)
 
 
-def _loop(batches, compute_s):
-    """Iterates as a training loop would; returns (wall, stall, samples)."""
+def _loop(batches, compute_s, started=None):
+    """Iterates as a training loop would; returns (wall, stall, samples).
+
+    ``started``: when the method began starting its processes, if that was
+    before the loop; the start-up then counts as wall time and as stall.
+    """
     begin = time.perf_counter()
-    stall, samples = 0.0, 0
+    stall, samples = begin - (started or begin), 0
     it = iter(batches)
     while True:
         t = time.perf_counter()
@@ -104,7 +110,7 @@ def _loop(batches, compute_s):
         samples += len(batch)
         if compute_s:
             time.sleep(compute_s)
-    return time.perf_counter() - begin, stall, samples
+    return time.perf_counter() - (started or begin), stall, samples
 
 
 class _NpyDataset:
@@ -148,6 +154,7 @@ def direct_chainer(w, readers):
         return planlib.permutation(len(w.catalog), w.seed, epoch)
 
     dataset = _NpyDataset(w.source, w.catalog)
+    started = time.perf_counter()
     it = chainer.iterators.MultiprocessIterator(dataset, w.batch_size, repeat=True, order_sampler=sampler,
                                                 n_processes=readers)
     steps = w.epochs * planlib.steps_per_epoch(len(w.catalog), w.batch_size, False)
@@ -157,7 +164,7 @@ def direct_chainer(w, readers):
             yield it.next()
 
     try:
-        wall, stall, samples = _loop(batches(), w.compute_s)
+        wall, stall, samples = _loop(batches(), w.compute_s, started)
     finally:
         it.finalize()
     return Result("direct-chainer", 0, readers, wall, stall, samples)
@@ -174,8 +181,9 @@ def copy_all(source, dest, catalog, copiers):
 
 def _read_local(w, root, readers):
     cfg = w.config(dataset={"source": root}, staging={"enabled": False}, reader={"workers": readers})
+    started = time.perf_counter()
     with Pipeline(cfg, w.catalog.rooted(root)) as pipe:
-        wall, stall, samples = _loop((b.samples for b in pipe), w.compute_s)
+        wall, stall, samples = _loop((b.samples for b in pipe), w.compute_s, started)
     return wall, stall, samples
 
 
@@ -198,8 +206,9 @@ def stager(w, prefetchers, readers):
     """stager: ``prefetchers`` prefetchers staging ahead, ``readers`` readers."""
     cfg = w.config(staging={"prefetchers": prefetchers, "lookahead": max(16, 2 * prefetchers)},
                    reader={"workers": readers})
+    started = time.perf_counter()
     with Pipeline(cfg, w.catalog) as pipe:
-        wall, stall, samples = _loop((b.samples for b in pipe), w.compute_s)
+        wall, stall, samples = _loop((b.samples for b in pipe), w.compute_s, started)
         stats = pipe.stats
     return Result("stager", prefetchers, readers, wall, stall, samples,
                   extra={"prefetch_busy_s": round(stats.prefetch_s, 3), "read_busy_s": round(stats.read_s, 3),

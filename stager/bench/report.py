@@ -101,7 +101,9 @@ def markdown(result, command, plots):
              f"{result['files']} files of {s['bytes']:,} bytes ({result['bytes'] / 1e6:.0f} MB) behind the FUSE "
              f"emulator at {s['open_ms']:g} ms per open and "
              f"{'unlimited bandwidth' if not s['mbps'] else str(s['mbps']) + ' MB/s shared'}; minibatches of "
-             f"{s['batch_size']}. Every method reads the same order and decodes with `numpy.load`.", "",
+             f"{s['batch_size']}; the emulator's {result.get('engine', '?')} engine; node-local storage on "
+             f"{result.get('local_fs', '?')}. Every method reads the same order; the direct loaders decode "
+             f"with `numpy.load`, stager's pipeline with its `npy` loader (the same arrays).", "",
              "### Throughput: one epoch as fast as possible", "",
              "| method | prefetchers | readers | wall s | samples/s | bound s | efficiency |",
              "|---|---:|---:|---:|---:|---:|---:|"]
@@ -122,6 +124,12 @@ def markdown(result, command, plots):
     for r in result["training"]:
         lines.append(f"| {r['method']} | {r['wall_s']:.2f} | {r['stall_s']:.2f} | {r['stall_fraction']:.1%} | "
                      f"{r['stage_s']:.2f} |")
+    copy = result.get("local_copy")
+    if copy:
+        best = max((v, k) for k, v in copy.items() if k.startswith("stager_"))
+        lines += ["", f"Staging from a local source without emulation: `cp -r` {copy['cp_r_files_per_s']:,.0f} "
+                      f"files/s, stager {best[0]:,.0f} files/s ({best[1].split('_')[1]} prefetchers), "
+                      f"ratio {copy['best_ratio_to_cp_r']:.2f}."]
     lines += [""] + [f"![{name}]({os.path.basename(path)})" for name, path in plots] + ["", MARK_END]
     return "\n".join(lines)
 
