@@ -62,23 +62,26 @@ static double now_s(void)
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-/* How late nanosleep wakes up, on average: under load a 10 ms sleep ends
- * 0.2 to 0.7 ms late here. Sleeps are shortened by it so that the latency
- * and bandwidth delivered are the ones asked for, not those plus the
- * scheduler's delay. */
+/* How late nanosleep wakes up, on average: 0.1 to 0.7 ms here, the
+ * daemon's own scheduling delay on a busy machine, which a remote server's
+ * latency would not include. Sleeps are shortened by it, by at most a tenth
+ * of their length, so that the latency delivered is the one asked for and a
+ * burst of late wake-ups can never cancel the latency altogether. */
 static pthread_mutex_t lateness_lock = PTHREAD_MUTEX_INITIALIZER;
 static double lateness;
 
 static void sleep_until(double deadline)
 {
+    double now = now_s();
+    if (deadline <= now)
+        return;
     pthread_mutex_lock(&lateness_lock);
     double early = lateness;
     pthread_mutex_unlock(&lateness_lock);
-    double wake = deadline - early, now = now_s();
-    if (wake <= now)
-        return;
+    if (early > (deadline - now) / 10)
+        early = (deadline - now) / 10;
+    double wake = deadline - early, seconds = wake - now;
     struct timespec ts;
-    double seconds = wake - now;
     ts.tv_sec = (time_t)seconds;
     ts.tv_nsec = (long)((seconds - ts.tv_sec) * 1e9);
     while (nanosleep(&ts, &ts) == -1 && errno == EINTR)
@@ -86,8 +89,6 @@ static void sleep_until(double deadline)
     double late = now_s() - wake;
     pthread_mutex_lock(&lateness_lock);
     lateness += (late - lateness) / 16;
-    if (lateness < 0)
-        lateness = 0;
     pthread_mutex_unlock(&lateness_lock);
 }
 

@@ -3,10 +3,10 @@ and bandwidth it adds, and that it never outlives its owner."""
 
 import os
 import select
-import statistics
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
@@ -69,16 +69,25 @@ def test_serves_the_same_tree_and_bytes_read_only(engine, tree, tmp_path):
 
 def test_every_open_pays_the_latency(engine, tree):
     root, _ = tree
-    with SlowFS(str(root), open_ms=40, mbps=0, engine=engine) as mnt:
-        path = os.path.join(mnt, "sub", "b.bin")
-        times = []
-        for _ in range(8):
+    times = []
+
+    def opens(path):
+        for _ in range(4):
             begin = time.perf_counter()
             fd = os.open(path, os.O_RDONLY)
             times.append(time.perf_counter() - begin)
             os.close(fd)
-    # A lower bound only: a loaded machine makes opens slower, never faster.
-    assert statistics.median(times) >= 0.035, times
+
+    with SlowFS(str(root), open_ms=40, mbps=0, engine=engine) as mnt:
+        threads = [threading.Thread(target=opens, args=(os.path.join(mnt, "sub", "b.bin"),)) for _ in range(16)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    # Lower bounds only: a loaded machine makes opens slower, never faster.
+    # The C engine trims its own wake-up delay from a sleep, never more than
+    # a tenth of it, however late earlier wake-ups were.
+    assert len(times) == 64 and min(times) >= 0.034, sorted(times)[:5]
 
 
 def test_readers_share_the_bandwidth(engine, tree):

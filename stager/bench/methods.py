@@ -202,9 +202,12 @@ def ideal(w, readers, staged):
     return Result("ideal", 0, readers, wall, stall, samples)
 
 
-def stager(w, prefetchers, readers):
-    """stager: ``prefetchers`` prefetchers staging ahead, ``readers`` readers."""
-    cfg = w.config(staging={"prefetchers": prefetchers, "lookahead": max(16, 2 * prefetchers)},
+def stager(w, prefetchers, readers, **staging):
+    """stager: ``prefetchers`` prefetchers staging ahead, ``readers`` readers.
+
+    ``staging``: further ``staging`` config values (e.g. ``files_per_task``).
+    """
+    cfg = w.config(staging={"prefetchers": prefetchers, "lookahead": max(16, 2 * prefetchers), **staging},
                    reader={"workers": readers})
     started = time.perf_counter()
     with Pipeline(cfg, w.catalog) as pipe:

@@ -126,10 +126,13 @@ def markdown(result, command, plots):
                      f"{r['stage_s']:.2f} |")
     copy = result.get("local_copy")
     if copy:
-        best = max((v, k) for k, v in copy.items() if k.startswith("stager_"))
+        best, key = max((v, k) for k, v in copy.items() if k.startswith("stager_"))
+        p = key.split("_")[1]
         lines += ["", f"Staging from a local source without emulation: `cp -r` {copy['cp_r_files_per_s']:,.0f} "
-                      f"files/s, stager {best[0]:,.0f} files/s ({best[1].split('_')[1]} prefetchers), "
-                      f"ratio {copy['best_ratio_to_cp_r']:.2f}."]
+                      f"files/s; stager staged {best:,.0f} files/s with {p} prefetchers (ratio "
+                      f"{copy['best_ratio_to_cp_r']:.2f}), and its whole pipeline delivered "
+                      f"{copy.get(f'pipeline_{p}_prefetchers_files_per_s', 0):,.0f} files/s to the last "
+                      f"minibatch."]
     lines += [""] + [f"![{name}]({os.path.basename(path)})" for name, path in plots] + ["", MARK_END]
     return "\n".join(lines)
 
