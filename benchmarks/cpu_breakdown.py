@@ -39,19 +39,22 @@ def _stat(pid):
     return name, int(fields[1]), int(fields[11]) / TICK, int(fields[12]) / TICK  # ppid, utime, stime
 
 
+def _children(pid):
+    kids = set()
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/children") as fh:
+                kids.update(int(p) for p in fh.read().split())
+    except OSError:
+        pass
+    return kids
+
+
 def _descendants(root):
-    parents = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                parents[int(entry)] = _stat(entry)[1]
-            except (OSError, IndexError):
-                pass
     found, todo = set(), [root]
     while todo:
-        pid = todo.pop()
-        kids = [p for p, pp in parents.items() if pp == pid]
-        found.update(kids)
+        kids = _children(todo.pop()) - found
+        found |= kids
         todo += kids
     return found
 

@@ -168,8 +168,23 @@ class StagingService:
         self._wake_w.close()
 
 
+class _Waiter:
+    """One client's request for a minibatch, until all its files are staged."""
+
+    __slots__ = ("conn", "seq", "tasks", "files", "remaining")
+
+    def __init__(self, conn, seq, tasks, files):
+        self.conn, self.seq, self.tasks, self.files = conn, seq, tasks, files
+        self.remaining = len(files)
+
+
 class _Loop:
-    """The service's scheduling state; lives in the service thread."""
+    """The service's scheduling state; lives in the service thread.
+
+    A request waits on each of its files not yet staged and is answered when
+    the last one is, so a reply costs the files it carries, not a scan of
+    every waiting request.
+    """
 
     def __init__(self, service, own):
         self.s = service
@@ -177,21 +192,23 @@ class _Loop:
         self.state = np.zeros(len(service.catalog), dtype=np.uint8)
         self.clients = [own]
         self.joined = 0          # remote clients accepted so far
-        self.waiting = []        # (conn, seq, indices, task ids) not yet ready
-        self.task_time = {}      # task id -> seconds, until its waiters are answered
+        self.pending = set()     # _Waiter: requests not yet ready
+        self.waiters = {}        # file index -> [_Waiter] that still need it
+        self.task_time = {}      # task id -> seconds, until its waiter is answered
         self.next_task = 0
         self.failed = None       # the error sent to clients, once staging failed
 
     def run(self):
         s = self.s
         pool_conns = list(s.pool.conns)
+        from_pool = set(pool_conns)
         while not s._halt.is_set() and (self.clients or self.joined < s.remote_clients):
             ready = mpc.wait(self.clients + pool_conns + [s._wake_r], timeout=1.0)
             for obj in ready:
                 if obj is s._wake_r:
                     s._wake_r.recv()
                     self.admit()
-                elif obj in s.pool.by_conn:
+                elif obj in from_pool:
                     try:
                         msg = obj.recv()
                     except (EOFError, OSError):
@@ -227,7 +244,8 @@ class _Loop:
             return
         if msg[0] == "bye":
             self.clients.remove(conn)
-            self.waiting = [w for w in self.waiting if w[0] is not conn]
+            for waiter in [w for w in self.pending if w.conn is conn]:
+                self.forget(waiter)
             conn.close()
             return
         _, seq, epoch, step, indices = msg
@@ -245,13 +263,21 @@ class _Loop:
             self.s.pool.tasks.put((task, epoch, step, files))
             self.task_time[task] = None
             tasks.append(task)
-        self.waiting.append((conn, seq, indices, tasks))
-        self.answer_ready()
+        unique = np.unique(indices)
+        waiter = _Waiter(conn, seq, tasks, unique[self.state[unique] != _STAGED].tolist())
+        if not waiter.remaining:
+            self.answer(waiter)
+            return
+        self.pending.add(waiter)
+        for index in waiter.files:
+            self.waiters.setdefault(index, []).append(waiter)
 
     def fail(self, error, skip=None):
         """Tells every client (but ``skip``) why staging stopped; later requests get the same answer."""
         self.failed = error
-        self.waiting = []
+        for waiter in list(self.pending):
+            self.forget(waiter)
+        self.waiters.clear()
         for conn in self.clients:
             if conn is not skip:
                 self.send(conn, error)
@@ -263,7 +289,8 @@ class _Loop:
             return
         stats = self.s.stats
         _, task, _worker, done, seconds, epoch = msg
-        self.task_time[task] = seconds
+        if task in self.task_time:
+            self.task_time[task] = seconds
         stats.prefetch_s += seconds
         for index, nbytes in done:
             self.state[index] = _STAGED
@@ -274,17 +301,21 @@ class _Loop:
                     self.s.on_staged(self.catalog.path(index), nbytes, epoch)
             else:
                 stats.files_present += 1
-        self.answer_ready()
+            for waiter in self.waiters.pop(index, ()):
+                waiter.remaining -= 1
+                if not waiter.remaining and waiter in self.pending:
+                    self.pending.discard(waiter)
+                    self.answer(waiter)
 
-    def answer_ready(self):
-        still = []
-        for conn, seq, indices, tasks in self.waiting:
-            if np.all(self.state[indices] == _STAGED):
-                seconds = sum(self.task_time.pop(t) or 0.0 for t in tasks)
-                self.send(conn, ("ready", seq, seconds))
-            else:
-                still.append((conn, seq, indices, tasks))
-        self.waiting = still
+    def answer(self, waiter):
+        seconds = sum(self.task_time.pop(t, None) or 0.0 for t in waiter.tasks)
+        self.send(waiter.conn, ("ready", waiter.seq, seconds))
+
+    def forget(self, waiter):
+        """Drops a request whose client left or that staging failed under."""
+        self.pending.discard(waiter)
+        for t in waiter.tasks:
+            self.task_time.pop(t, None)
 
     def send(self, conn, msg):
         try:

@@ -34,6 +34,8 @@ class Result:
         stall_s: Seconds the loop waited for data.
         samples: Samples delivered.
         stage_s: Seconds spent copying before reading (stage-all-first).
+        first_s: Seconds until the first minibatch arrived: start-up, any
+            copying up front, and the first read. ``stall_s`` includes it.
         extra: Method-specific figures.
     """
 
@@ -44,6 +46,7 @@ class Result:
     stall_s: float
     samples: int
     stage_s: float = 0.0
+    first_s: float = 0.0
     extra: dict = field(default_factory=dict)
 
     @property
@@ -54,6 +57,8 @@ class Result:
         out = asdict(self)
         out["samples_per_s"] = round(self.samples_per_s, 2)
         out["stall_fraction"] = round(self.stall_s / self.wall_s, 4) if self.wall_s else 0.0
+        out["stall_after_first_fraction"] = (round((self.stall_s - self.first_s) / self.wall_s, 4)
+                                             if self.wall_s else 0.0)
         return out
 
 
@@ -92,13 +97,14 @@ class Workload:
 
 
 def _loop(batches, compute_s, started=None):
-    """Iterates as a training loop would; returns (wall, stall, samples).
+    """Iterates as a training loop would; returns ``(wall, stall, samples, first)``.
 
     ``started``: when the method began starting its processes, if that was
     before the loop; the start-up then counts as wall time and as stall.
+    ``first`` is the wait for the first minibatch, start-up included.
     """
     begin = time.perf_counter()
-    stall, samples = begin - (started or begin), 0
+    stall, samples, first = begin - (started or begin), 0, None
     it = iter(batches)
     while True:
         t = time.perf_counter()
@@ -107,10 +113,12 @@ def _loop(batches, compute_s, started=None):
         except StopIteration:
             break
         stall += time.perf_counter() - t
+        if first is None:
+            first = stall
         samples += len(batch)
         if compute_s:
             time.sleep(compute_s)
-    return time.perf_counter() - (started or begin), stall, samples
+    return time.perf_counter() - (started or begin), stall, samples, first or 0.0
 
 
 class _NpyDataset:
@@ -138,8 +146,8 @@ def direct_torch(w, readers):
     order = np.concatenate(w.orders()).tolist()
     loader = tud.DataLoader(Files(w.source, w.catalog), batch_size=w.batch_size, sampler=order,
                             num_workers=readers, collate_fn=lambda b: b)
-    wall, stall, samples = _loop(loader, w.compute_s)
-    return Result("direct-torch", 0, readers, wall, stall, samples)
+    wall, stall, samples, first = _loop(loader, w.compute_s)
+    return Result("direct-torch", 0, readers, wall, stall, samples, first_s=first)
 
 
 def direct_chainer(w, readers):
@@ -164,10 +172,10 @@ def direct_chainer(w, readers):
             yield it.next()
 
     try:
-        wall, stall, samples = _loop(batches(), w.compute_s, started)
+        wall, stall, samples, first = _loop(batches(), w.compute_s, started)
     finally:
         it.finalize()
-    return Result("direct-chainer", 0, readers, wall, stall, samples)
+    return Result("direct-chainer", 0, readers, wall, stall, samples, first_s=first)
 
 
 def copy_all(source, dest, catalog, copiers):
@@ -183,23 +191,23 @@ def _read_local(w, root, readers):
     cfg = w.config(dataset={"source": root}, staging={"enabled": False}, reader={"workers": readers})
     started = time.perf_counter()
     with Pipeline(cfg, w.catalog.rooted(root)) as pipe:
-        wall, stall, samples = _loop((b.samples for b in pipe), w.compute_s, started)
-    return wall, stall, samples
+        return _loop((b.samples for b in pipe), w.compute_s, started)
 
 
 def stage_all_first(w, prefetchers, readers, dest):
     """Copies the whole dataset with ``prefetchers`` threads, then reads it locally."""
     begin = time.perf_counter()
     copy_s = copy_all(w.source, dest, w.catalog, prefetchers)
-    _, stall, samples = _read_local(w, dest, readers)
+    _, stall, samples, first = _read_local(w, dest, readers)
     wall = time.perf_counter() - begin
-    return Result("stage-all-first", prefetchers, readers, wall, stall + copy_s, samples, stage_s=copy_s)
+    return Result("stage-all-first", prefetchers, readers, wall, stall + copy_s, samples, stage_s=copy_s,
+                  first_s=first + copy_s)
 
 
 def ideal(w, readers, staged):
     """Reads a copy that is already local: the floor."""
-    wall, stall, samples = _read_local(w, staged, readers)
-    return Result("ideal", 0, readers, wall, stall, samples)
+    wall, stall, samples, first = _read_local(w, staged, readers)
+    return Result("ideal", 0, readers, wall, stall, samples, first_s=first)
 
 
 def stager(w, prefetchers, readers, **staging):
@@ -211,9 +219,9 @@ def stager(w, prefetchers, readers, **staging):
                    reader={"workers": readers})
     started = time.perf_counter()
     with Pipeline(cfg, w.catalog) as pipe:
-        wall, stall, samples = _loop((b.samples for b in pipe), w.compute_s, started)
+        wall, stall, samples, first = _loop((b.samples for b in pipe), w.compute_s, started)
         stats = pipe.stats
-    return Result("stager", prefetchers, readers, wall, stall, samples,
+    return Result("stager", prefetchers, readers, wall, stall, samples, first_s=first,
                   extra={"prefetch_busy_s": round(stats.prefetch_s, 3), "read_busy_s": round(stats.read_s, 3),
                          "files_staged": stats.files_staged})
 
