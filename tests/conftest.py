@@ -1,6 +1,7 @@
 """Shared fixtures: a small synthetic dataset, the real FUSE slow file system,
 and a guard that every test leaves no child process behind."""
 
+import glob
 import os
 import shutil
 import sys
@@ -59,6 +60,23 @@ def no_leftover_children():
     yield
     alive = live_children(child_pids() - before)
     assert not alive, f"test left child processes alive: {sorted(alive)}"
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_mpich_segments():
+    """Removes the shared-memory segments that MPI jobs started by a test left.
+
+    MPICH unlinks its ``/dev/shm/mpich_shm_*`` segment when its ranks
+    finalize; a job ended by ``MPI_Abort`` or ``scancel`` never does. The test
+    that started such a job owns what it leaves.
+    """
+    before = set(glob.glob("/dev/shm/mpich_shm_*"))
+    yield
+    for path in set(glob.glob("/dev/shm/mpich_shm_*")) - before:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
 
 
 @pytest.fixture(scope="session")
