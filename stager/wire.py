@@ -32,7 +32,12 @@ def widen(conn):
 
 
 def send(conn, obj):
-    """Sends ``obj``; its contiguous arrays are written without being copied."""
+    """Sends ``obj``; its contiguous arrays are written without being copied.
+
+    Plain pickle, not ``ForkingPickler``: a torch tensor from a custom loader
+    travels by value rather than as a shared-memory descriptor, which would
+    need the reader to outlive the message and costs a descriptor per tensor.
+    """
     buffers = []
     head = pickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
     raws = [b.raw() for b in buffers]

@@ -92,3 +92,25 @@ def test_wire_reports_a_sender_that_died_mid_message():
         wire.recv(receiver)
     proc.join(10)
     receiver.close()
+
+
+def _send_tensors_and_exit(conn):
+    import torch
+
+    wire.send(conn, [torch.arange(6.0).reshape(2, 3), torch.ones(4, dtype=torch.uint8)])
+    os._exit(0)
+
+
+def test_wire_carries_torch_tensors_by_value_past_the_senders_exit():
+    import torch
+
+    ctx = multiprocessing.get_context("fork")
+    receiver, sender = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_send_tensors_and_exit, args=(sender,))
+    proc.start()
+    sender.close()
+    proc.join(30)  # gone before the message is read: nothing may depend on it
+    got = wire.recv(receiver)
+    receiver.close()
+    assert torch.equal(got[0], torch.arange(6.0).reshape(2, 3))
+    assert torch.equal(got[1], torch.ones(4, dtype=torch.uint8))
