@@ -101,7 +101,7 @@ def main():
     try:
         data = os.path.join(work, "data")
         make_dataset(data, args.batches * 32, 110_000, classes=10, seed=0, progress=False)
-        local = tempfile.mkdtemp(prefix="stager-cpu-local-", dir=args.local_dir or default_local_dir(work))
+        local = tempfile.mkdtemp(prefix="stager-cpu-local-", dir=args.local_dir or default_local_dir(work, 2 * args.batches * 32 * 110_000))
         try:
             with SlowFS(data, open_ms=args.open_ms, mbps=args.mbps, engine=args.engine) as mnt:
                 catalog = Catalog.from_manifest(mnt, MANIFEST)

@@ -67,8 +67,8 @@ class BenchOptions:
     chainer: bool = True
 
 
-def default_local_dir(work):
-    """A RAM file system where there is one, else ``work``.
+def default_local_dir(work, need_bytes=0):
+    """A RAM file system where there is one with ``need_bytes`` free, else ``work``.
 
     Every run creates and deletes thousands of files; on a disk's ext4,
     creating a file just after thousands were deleted makes the inode
@@ -76,9 +76,14 @@ def default_local_dir(work):
     ext4's ialloc.c), which cost a third of the machine's CPU in this
     benchmark and hit the methods that copy, not ``ideal``. A node-local NVMe
     staged once per job does not pay that; a RAM file system stands in for it.
+    (A container's /dev/shm is often 64 MB: then the disk it is.)
     """
     shm = "/dev/shm"
-    return shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else work
+    if os.path.isdir(shm) and os.access(shm, os.W_OK):
+        st = os.statvfs(shm)
+        if st.f_bavail * st.f_frsize >= need_bytes:
+            return shm
+    return work
 
 
 def _fs_type(path):
@@ -107,7 +112,9 @@ def run_bench(opts, out=print):
         samples = opts.batches * opts.batch_size
         if not os.path.exists(os.path.join(data, MANIFEST)):
             make_dataset(data, samples, opts.bytes, classes=10, seed=0)
-        scratch = tempfile.mkdtemp(prefix="stager-bench-local-", dir=opts.local_dir or default_local_dir(work))
+        # At most three copies at once (staging, stage-all-first, ideal), and room to spare.
+        need = 4 * samples * opts.bytes
+        scratch = tempfile.mkdtemp(prefix="stager-bench-local-", dir=opts.local_dir or default_local_dir(work, need))
         try:
             local = _fresh(scratch, "staging")
             with SlowFS(data, open_ms=opts.open_ms, mbps=opts.mbps, engine=opts.engine) as mnt:
