@@ -75,6 +75,16 @@ def test_wire_carries_arrays_and_objects_intact():
     sender.close()
 
 
+def _sender(target):
+    """A forked process running ``target(conn)``; returns (process, receiving end)."""
+    ctx = multiprocessing.get_context("fork")
+    receiver, sender = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=target, args=(sender,))
+    proc.start()
+    sender.close()
+    return proc, receiver
+
+
 def _send_half_and_die(conn):
     # The header promises 8 MB; the process exits after sending part of it.
     conn.send_bytes(__import__("pickle").dumps((b"", [8_000_000])))
@@ -83,11 +93,7 @@ def _send_half_and_die(conn):
 
 
 def test_wire_reports_a_sender_that_died_mid_message():
-    ctx = multiprocessing.get_context("fork")
-    receiver, sender = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_send_half_and_die, args=(sender,))
-    proc.start()
-    sender.close()
+    proc, receiver = _sender(_send_half_and_die)
     with pytest.raises(EOFError, match="short of a message"):
         wire.recv(receiver)
     proc.join(10)
@@ -104,11 +110,7 @@ def _send_tensors_and_exit(conn):
 def test_wire_carries_torch_tensors_by_value_past_the_senders_exit():
     import torch
 
-    ctx = multiprocessing.get_context("fork")
-    receiver, sender = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_send_tensors_and_exit, args=(sender,))
-    proc.start()
-    sender.close()
+    proc, receiver = _sender(_send_tensors_and_exit)
     proc.join(30)  # gone before the message is read: nothing may depend on it
     got = wire.recv(receiver)
     receiver.close()
