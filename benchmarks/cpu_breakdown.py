@@ -26,7 +26,7 @@ from stager.bench import methods as m  # noqa: E402
 from stager.bench.sweep import default_local_dir  # noqa: E402
 from stager.catalog import Catalog  # noqa: E402
 from stager.slowfs import SlowFS  # noqa: E402
-from stager.synth import MANIFEST, make_dataset  # noqa: E402
+from stager.job.synth import MANIFEST, make_dataset  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
 

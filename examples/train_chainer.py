@@ -15,7 +15,7 @@ import numpy as np
 
 from iterators.chainer import StagingIterator, _chainer as chainer
 from stager import load_config
-from stager.runner import prepare_source
+from stager.job import prepare_source
 from stager.world import detect, install_abort_hook
 
 

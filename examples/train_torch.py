@@ -20,7 +20,7 @@ from torch import nn
 
 from iterators.pytorch import StagedLoader
 from stager import load_config
-from stager.runner import prepare_source
+from stager.job import prepare_source
 from stager.world import detect, install_abort_hook
 
 

@@ -15,8 +15,6 @@ from stager.pipeline import Pipeline
 
 from ._source import resolve
 
-_STATE_VERSION = 1
-
 
 class StagedLoader(IterableDataset):
     """This rank's minibatches, staged and decoded by stager, collated for PyTorch.
@@ -94,7 +92,7 @@ class StagedLoader(IterableDataset):
         if self._pipe is None or self._pipe.closed or self._pipe_at != (self._epoch, self._position):
             self._close_pipe()
             self._pipe = Pipeline(self.config, self.catalog, world=self.world,
-                                  start=(self._epoch, self._position)).start()
+                                  start=planlib.Position(self._epoch, self._position)).start()
             self._pipe_at = (self._epoch, self._position)
         return self._pipe
 
@@ -104,11 +102,9 @@ class StagedLoader(IterableDataset):
         return self._pipe.stats if self._pipe is not None else None
 
     def state_dict(self):
-        """The position to resume from: after the last minibatch yielded."""
-        p = self.config.plan
-        return {"version": _STATE_VERSION, "epoch": self._epoch, "position": self._position,
-                "samples": len(self.catalog), "seed": p.seed, "shuffle": p.shuffle,
-                "batch_size": p.batch_size, "world_size": self.world.size}
+        """The position to resume from: after the last minibatch yielded (``stager.plan.resume_state``)."""
+        return planlib.resume_state(planlib.Position(self._epoch, self._position), len(self.catalog),
+                                    self.config.plan, self.world.size)
 
     def load_state_dict(self, state):
         """Resumes from ``state_dict()``'s position, on any number of ranks.
@@ -117,12 +113,12 @@ class StagedLoader(IterableDataset):
             ValueError: If the state belongs to another dataset or order
                 (sample count, seed or shuffle differ), naming the key.
         """
-        p = self.config.plan
-        for key, mine in (("samples", len(self.catalog)), ("seed", p.seed), ("shuffle", p.shuffle)):
-            if state.get(key) != mine:
-                raise ValueError(f"state_dict[{key!r}] is {state.get(key)!r} but this loader has {mine!r}: "
-                                 "it was saved for another dataset or order")
-        self._epoch, self._position = int(state["epoch"]), int(state["position"])
+        try:
+            position = planlib.resume_position(state, len(self.catalog), self.config.plan)
+        except planlib.ResumeMismatch as exc:
+            raise ValueError(f"state_dict[{exc.key!r}] is {exc.saved!r} but this loader has {exc.current!r}: "
+                             "it was saved for another dataset or order") from None
+        self._epoch, self._position = position.epoch, position.consumed
 
     def close(self):
         """Stops the staging pipeline; safe to call twice."""

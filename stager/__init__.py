@@ -4,7 +4,8 @@ storage minibatch by minibatch, overlapped with training."""
 from .catalog import Catalog
 from .config import Config, config_from_dict, load_config
 from .errors import CatalogError, ConfigError, StageError, StagerError
-from .pipeline import Batch, Pipeline
+from .coordinator import Batch
+from .pipeline import Pipeline
 
 __version__ = "0.1.0"
 

@@ -6,33 +6,12 @@ pickle and broadcast) rather than millions of Python objects.
 """
 
 import os
-import posixpath
 
 import numpy as np
 
 from .errors import CatalogError
-
-
-def check_relpath(rel, where):
-    """Rejects a path that could point outside the dataset root.
-
-    Args:
-        rel: The path as written in the listing.
-        where: Description of its origin for the error, e.g. ``"manifest.tsv:12"``.
-
-    Returns:
-        The normalised relative path.
-
-    Raises:
-        CatalogError: If the path is empty, absolute or climbs with ``..``.
-    """
-    if not rel:
-        raise CatalogError(f"{where}: empty path")
-    if rel.startswith("/") or os.path.isabs(rel):
-        raise CatalogError(f"{where}: absolute path {rel!r} not allowed; paths are relative to the dataset root")
-    if ".." in rel.split("/"):
-        raise CatalogError(f"{where}: path {rel!r} contains '..'; paths must stay inside the dataset root")
-    return posixpath.normpath(rel)
+from .sources import PosixSource, open_source
+from .world import agree
 
 
 class Catalog:
@@ -108,118 +87,28 @@ class Catalog:
                 and same(self.labels, other.labels) and same(self.mtimes, other.mtimes))
 
     @classmethod
+    def from_listing(cls, root, listing):
+        """Builds a catalog from a source's ``Listing``."""
+        return cls.from_paths(root, listing.paths, listing.sizes, listing.labels, listing.mtimes)
+
+    @classmethod
     def from_manifest(cls, root, manifest):
-        """Reads a manifest: one relative path per line, optional label after a tab.
-
-        Blank lines and lines starting with ``#`` are skipped. Every listed file
-        is checked to exist inside the root, and its size is recorded.
-
-        Args:
-            root: Dataset root.
-            manifest: Manifest file; relative paths are taken from ``root``.
-
-        Raises:
-            CatalogError: Naming the manifest line at fault.
-        """
-        manifest = manifest if os.path.isabs(manifest) else os.path.join(root, manifest)
-        real_root = os.path.realpath(root)
-        try:
-            with open(manifest, encoding="utf-8") as fh:
-                lines = fh.read().splitlines()
-        except OSError as exc:
-            raise CatalogError(f"cannot read manifest {manifest}: {exc.strerror}") from None
-        paths, sizes, labels, mtimes = [], [], [], []
-        labelled = None
-        for number, line in enumerate(lines, 1):
-            if not line.strip() or line.startswith("#"):
-                continue
-            where = f"{manifest}:{number}"
-            fields = line.split("\t")
-            if len(fields) > 2:
-                raise CatalogError(f"{where}: expected 'path' or 'path<TAB>label', got {len(fields)} fields")
-            rel = check_relpath(fields[0], where)
-            full = os.path.join(real_root, rel)
-            real = os.path.realpath(full)
-            if os.path.commonpath([real, real_root]) != real_root:
-                raise CatalogError(f"{where}: {rel!r} resolves to {real}, outside the dataset root {real_root}")
-            try:
-                st = os.stat(real)
-            except OSError as exc:
-                raise CatalogError(f"{where}: sample {rel!r} not readable: {exc.strerror}") from None
-            if not os.path.isfile(real):
-                raise CatalogError(f"{where}: sample {rel!r} is not a regular file")
-            has_label = len(fields) == 2
-            if labelled is None:
-                labelled = has_label
-            elif labelled != has_label:
-                raise CatalogError(f"{where}: every line needs a label or none does; this line "
-                                   f"{'has' if has_label else 'has no'} label, earlier lines differ")
-            if has_label:
-                try:
-                    labels.append(int(fields[1]))
-                except ValueError:
-                    raise CatalogError(f"{where}: label {fields[1]!r} is not an integer") from None
-            paths.append(rel)
-            sizes.append(st.st_size)
-            mtimes.append(st.st_mtime_ns)
-        if not paths:
-            raise CatalogError(f"manifest {manifest} lists no samples")
-        return cls.from_paths(root, paths, sizes, labels if labelled else None, mtimes)
+        """Reads a manifest of a file tree (see ``sources.PosixSource.read_manifest``)."""
+        return cls.from_listing(root, PosixSource(root).read_manifest(manifest))
 
     @classmethod
     def from_directory(cls, root, extensions=()):
-        """Scans a directory tree once.
-
-        Hidden files and directories are skipped. When every sample lies in a
-        first-level subdirectory (the ImageNet layout), those directories are
-        the classes: labels are their indices in sorted order.
-
-        Args:
-            root: Dataset root.
-            extensions: Keep only files ending in one of these; empty keeps all.
-
-        Raises:
-            CatalogError: If the root is missing or holds no samples, or a
-                symbolic link points outside it.
-        """
-        if not os.path.isdir(root):
-            raise CatalogError(f"dataset root {root} is not a directory")
-        real_root = os.path.realpath(root)
-        paths, sizes, mtimes = [], [], []
-        for dirpath, dirnames, filenames in os.walk(real_root):
-            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-            for name in sorted(filenames):
-                if name.startswith(".") or (extensions and not name.endswith(tuple(extensions))):
-                    continue
-                full = os.path.join(dirpath, name)
-                rel = os.path.relpath(full, real_root).replace(os.sep, "/")
-                real = os.path.realpath(full)
-                if os.path.commonpath([real, real_root]) != real_root:
-                    raise CatalogError(f"{full}: symbolic link to {real}, outside the dataset root {real_root}")
-                if not os.path.isfile(real):
-                    continue
-                st = os.stat(real)
-                paths.append(rel)
-                sizes.append(st.st_size)
-                mtimes.append(st.st_mtime_ns)
-        if not paths:
-            raise CatalogError(f"dataset at {root} has no samples"
-                               + (f" with extensions {list(extensions)}" if extensions else ""))
-        labels = None
-        if all("/" in p for p in paths):
-            classes = sorted({p.split("/", 1)[0] for p in paths})
-            index = {c: i for i, c in enumerate(classes)}
-            labels = [index[p.split("/", 1)[0]] for p in paths]
-        return cls.from_paths(root, paths, sizes, labels, mtimes)
+        """Scans a file tree once (see ``sources.PosixSource.scan``)."""
+        return cls.from_listing(root, PosixSource(root).scan(extensions))
 
     @classmethod
     def load(cls, dataset):
-        """Builds the catalog that a ``DatasetConfig`` describes."""
+        """Builds the catalog that a ``DatasetConfig`` describes, from its source."""
         if not dataset.source:
             raise CatalogError("dataset.source is not set")
-        if dataset.manifest:
-            return cls.from_manifest(dataset.source, dataset.manifest)
-        return cls.from_directory(dataset.source, dataset.extensions)
+        source = open_source(dataset.source)
+        listing = source.read_manifest(dataset.manifest) if dataset.manifest else source.scan(dataset.extensions)
+        return cls.from_listing(source.root, listing)
 
 
 def broadcast_catalog(comm, build, root=0):
@@ -239,21 +128,16 @@ def broadcast_catalog(comm, build, root=0):
     """
     if comm is None:
         return build()
-    catalog, header, failure = None, None, None
-    if comm.Get_rank() == root:
-        try:
-            catalog = build()
-            header = ("ok", catalog.root, len(catalog), len(catalog._blob), catalog.labels is not None,
-                      catalog.mtimes is not None)
-        except Exception as exc:  # every rank must learn of it, or the others wait forever
-            failure = exc
-            header = ("error", f"{type(exc).__name__}: {exc}")
-    header = comm.bcast(header, root=root)
-    if header[0] == "error":
-        if failure is not None:
-            raise failure
-        raise CatalogError(f"rank {root} could not build the catalog: {header[1]}")
-    _, root_dir, n, blob_len, labelled, timed = header
+    catalog = None
+
+    def header():
+        nonlocal catalog
+        catalog = build()
+        return (catalog.root, len(catalog), len(catalog._blob), catalog.labels is not None,
+                catalog.mtimes is not None)
+
+    root_dir, n, blob_len, labelled, timed = agree(
+        comm, header, lambda text: CatalogError(f"rank {root} could not build the catalog: {text}"), root)
     if catalog is not None:
         blob = np.frombuffer(catalog._blob, dtype=np.uint8).copy()
         offsets, sizes, labels, mtimes = catalog._offsets, catalog.sizes, catalog.labels, catalog.mtimes

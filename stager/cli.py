@@ -9,11 +9,11 @@ import yaml
 
 from .config import load_config
 from .errors import StagerError
-from .slowfs_engine import ENGINES
+from .slowfs import ENGINES
 
 
 def _cmd_run(args):
-    from .runner import run_job
+    from .job.runner import run_job
     from .world import abort_on_error, detect
 
     cfg = load_config(args.config, args.set)
@@ -32,14 +32,14 @@ def _cmd_run(args):
 
 
 def _cmd_demo(args):
-    from .demo import run_demo
+    from .job.demo import run_demo
 
     run_demo(samples=args.samples, progress=not args.quiet)
     return 0
 
 
 def _cmd_make_dataset(args):
-    from .synth import make_dataset
+    from .job.synth import make_dataset
 
     manifest = make_dataset(args.dir, args.samples, args.bytes, args.classes, args.seed, progress=not args.quiet)
     print(f"wrote {args.samples} samples and {manifest}")
@@ -55,7 +55,7 @@ def _cmd_slowfs(args):
         print(f"mounted {args.source} on {args.mountpoint} (daemon pid {proc.pid}); "
               f"end it with: stager slowfs umount {args.mountpoint}")
     elif args.action == "build":
-        from .slowfs_engine import build_c_engine
+        from .slowfs import build_c_engine
 
         print(build_c_engine())
     else:
@@ -187,7 +187,7 @@ def build_parser():
     m.add_argument("--engine", choices=ENGINES, default="auto",
                    help="the C daemon, the Python one, or C where it can be built (default auto)")
     ssub.add_parser("build", help="build the C engine now and print its path",
-                    description="Compile stager/slowfsd.c against libfuse3 (needs cc and libfuse3-dev); "
+                    description="Compile stager/slowfs/slowfsd.c against libfuse3 (needs cc and libfuse3-dev); "
                                 "otherwise it is built on first use.")
     u = ssub.add_parser("umount", help="unmount MNT and end its daemon", description="Unmount MNT and wait "
                                                                                     "for its daemon to exit.")

@@ -21,6 +21,7 @@ class StageError(StagerError, RuntimeError):
     """A pipeline stage failed; carries where it happened.
 
     Attributes:
+        message: What happened, without the context (which the text adds).
         stage: "prefetch", "read" or "pipeline".
         epoch: Epoch of the minibatch being processed, or None.
         step: Index of the minibatch within its epoch, or None.
@@ -42,6 +43,7 @@ class StageError(StagerError, RuntimeError):
         if remote_traceback:
             text += "\n\nOriginal traceback in the worker:\n" + remote_traceback
         super().__init__(text)
+        self.message = message
         self.stage = stage
         self.epoch = epoch
         self.step = step

@@ -1,7 +1,10 @@
 """Timers and totals: where the time went, per minibatch and per run."""
 
+import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from . import telemetry as tm
 
 
 @dataclass
@@ -20,11 +23,15 @@ class BatchTimes:
     read: float = 0.0
 
 
-@dataclass
 class Stats:
-    """Running totals of a pipeline.
+    """Running totals of a pipeline: a view over its ``Telemetry``.
+
+    The totals follow the event stream as it is recorded (a few additions
+    per event, under a lock, since the service, coordinator and consumer
+    threads all record), so reading them costs nothing.
 
     Attributes:
+        telemetry: The event log behind the view.
         batches: Minibatches delivered.
         samples: Samples delivered.
         stall_s: Total time the consumer waited.
@@ -35,35 +42,44 @@ class Stats:
         files_present: Files found already staged (a kept directory).
     """
 
-    batches: int = 0
-    samples: int = 0
-    stall_s: float = 0.0
-    prefetch_s: float = 0.0
-    read_s: float = 0.0
-    files_staged: int = 0
-    bytes_staged: int = 0
-    files_present: int = 0
-    started: float = field(default_factory=time.perf_counter)
+    def __init__(self):
+        self.batches = self.samples = self.files_staged = self.bytes_staged = self.files_present = 0
+        self.stall_s = self.prefetch_s = self.read_s = 0.0
+        self.started = time.perf_counter()
+        self._lock = threading.Lock()
+        self.telemetry = tm.Telemetry(on_event=self._on_event)
 
-    def delivered(self, size, times):
-        """Accounts one minibatch handed to the consumer."""
-        self.batches += 1
-        self.samples += size
-        self.stall_s += times.stall
+    def _on_event(self, kind, a, b, value):
+        with self._lock:
+            if kind == tm.CONSUMED:
+                self.batches += 1
+                self.samples += b
+                self.stall_s += value
+            elif kind == tm.STAGED:
+                if b:
+                    self.files_staged += 1
+                    self.bytes_staged += b
+                else:
+                    self.files_present += 1
+            elif kind == tm.TASK:
+                self.prefetch_s += value
+            elif kind == tm.READ:
+                self.read_s += value
 
     def summary(self, wall_s=None):
         """Totals as a JSON-ready dictionary, with rates over ``wall_s``."""
         wall = time.perf_counter() - self.started if wall_s is None else wall_s
-        return {
-            "batches": self.batches,
-            "samples": self.samples,
-            "files_staged": self.files_staged,
-            "bytes_staged": self.bytes_staged,
-            "files_present": self.files_present,
-            "wall_s": round(wall, 4),
-            "stall_s": round(self.stall_s, 4),
-            "stall_fraction": round(self.stall_s / wall, 4) if wall > 0 else 0.0,
-            "samples_per_s": round(self.samples / wall, 2) if wall > 0 else 0.0,
-            "prefetch_busy_s": round(self.prefetch_s, 4),
-            "read_busy_s": round(self.read_s, 4),
-        }
+        with self._lock:
+            return {
+                "batches": self.batches,
+                "samples": self.samples,
+                "files_staged": self.files_staged,
+                "bytes_staged": self.bytes_staged,
+                "files_present": self.files_present,
+                "wall_s": round(wall, 4),
+                "stall_s": round(self.stall_s, 4),
+                "stall_fraction": round(self.stall_s / wall, 4) if wall > 0 else 0.0,
+                "samples_per_s": round(self.samples / wall, 2) if wall > 0 else 0.0,
+                "prefetch_busy_s": round(self.prefetch_s, 4),
+                "read_busy_s": round(self.read_s, 4),
+            }

@@ -1,4 +1,6 @@
-"""A pool of worker processes: one shared task queue, one reply pipe each.
+"""Worker processes and the channels a scheduling thread waits on.
+
+A pool of worker processes has one shared task queue and one reply pipe each.
 
 Each worker replies on a pipe whose write end only that worker holds. A
 worker that dies while sending (killed by the OOM killer, say) therefore
@@ -15,14 +17,40 @@ end-of-file at once. A loader must therefore open its files itself, which it
 does with the paths it is given.
 """
 
+import contextlib
 import ctypes
 import logging
 import multiprocessing
 import os
 import signal
+import threading
 import time
 
+from .messages import worker_died
+
 log = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def children_skip_mpi(start_method):
+    """Children started inside the block never initialise MPI.
+
+    A spawned child re-imports ``__main__``; if that imports ``mpi4py.MPI``,
+    the child would initialise MPI and crash (MPICH) or hang (Open MPI).
+    Only the children see the variable: it is restored once they exist.
+    """
+    if start_method == "fork":
+        yield
+        return
+    old = os.environ.get("MPI4PY_RC_INITIALIZE")
+    os.environ["MPI4PY_RC_INITIALIZE"] = "false"
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["MPI4PY_RC_INITIALIZE"]
+        else:
+            os.environ["MPI4PY_RC_INITIALIZE"] = old
 
 
 def _open_fds():
@@ -63,15 +91,21 @@ class WorkerPool:
 
     Args:
         ctx: A multiprocessing context.
+        stage: The stage the workers serve (``prefetch``, ``read``), named in
+            the failure of a worker that dies.
         name: Process name prefix, e.g. ``stager-read``.
         count: Number of workers.
         target: The worker body.
         args: Extra arguments for ``target``.
         keep_fds: Inherited descriptors forked workers keep open (a janitor's
             pipe, so that it waits for them too).
+        recv: How a reply is read from a worker's pipe (``Connection.recv``,
+            or ``wire.recv`` for replies framed by ``wire``).
     """
 
-    def __init__(self, ctx, name, count, target, args, keep_fds=()):
+    def __init__(self, ctx, stage, name, count, target, args, keep_fds=(), recv=None):
+        self.stage = stage
+        self._recv = recv or (lambda conn: conn.recv())
         self.tasks = ctx.Queue()
         self.stop_event = ctx.Event()
         pipes = [ctx.Pipe(duplex=False) for _ in range(count)]
@@ -91,9 +125,19 @@ class WorkerPool:
                 writer.close()  # the parent keeps only the read ends
         self.by_conn = dict(zip(self.conns, self.procs))
 
-    def pids(self):
-        """Process ids of the live workers."""
-        return [p.pid for p in self.procs if p.is_alive()]
+    def receive(self, conn):
+        """The next reply on ``conn``, or the ``Failure`` of a worker that died without one.
+
+        A worker's pipe reaches end-of-file only when the worker is gone (it
+        alone holds the write end), so EOF here is a death, never a lost
+        message; the caller stops waiting on ``conn``.
+        """
+        try:
+            return self._recv(conn)
+        except (EOFError, OSError):
+            proc = self.by_conn[conn]
+            proc.join(1.0)
+            return worker_died(self.stage, proc)
 
     def stop(self, timeout_s):
         """Stops the workers: event, one ``None`` sentinel each, join while
@@ -135,3 +179,36 @@ def _drain(conn):
                 return
     except OSError:
         pass
+
+
+class Wake:
+    """A pipe that wakes a thread waiting in ``multiprocessing.connection.wait``.
+
+    Other threads ``notify`` it with a message; the waiting thread includes
+    ``conn`` among the objects it waits on and ``recv``s from it. Closing it
+    makes later notices return False instead of raising.
+    """
+
+    def __init__(self):
+        self.conn, self._send_end = multiprocessing.Pipe(duplex=False)
+        self._lock = threading.Lock()
+
+    def notify(self, msg=None):
+        """Sends ``msg`` to the waiting thread; False once the channel is closed."""
+        with self._lock:
+            try:
+                self._send_end.send(msg)
+                return True
+            except (OSError, ValueError):
+                return False
+
+    def recv(self):
+        """The next notice (in the waiting thread)."""
+        return self.conn.recv()
+
+    def close(self):
+        """Closes both ends; safe to call twice."""
+        with self._lock:
+            self.conn.close()
+            self._send_end.close()
+

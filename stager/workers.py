@@ -12,11 +12,10 @@ lost.
 import os
 import queue
 import time
-import traceback
 
 from . import wire
-from .copier import stage_file
 from .loaders import make_loader
+from .messages import Decoded, Failure, Staged
 
 POLL_S = 0.5
 
@@ -32,63 +31,61 @@ def _tasks(tasks, stop, parent_pid):
         yield task
 
 
-def error_message(stage, worker, epoch, step, path, exc, message=None):
-    """The tuple a worker sends for an exception (see ``StageError``)."""
-    return ("error", stage, worker, epoch, step, path, type(exc).__name__,
-            message or f"{type(exc).__name__}: {exc}", traceback.format_exc())
+def prefetcher_main(worker, parent_pid, tasks, reply, stop, source, dst_root):
+    """Fetches each ``StageTask``'s files into node-local storage and replies ``Staged``.
 
-
-def prefetcher_main(worker, parent_pid, tasks, reply, stop, src_root, dst_root):
-    """Copies each task's files to node-local storage and reports them staged.
-
-    A task is ``(task, epoch, step, [(index, relpath, size, mtime_ns), ...])``;
-    the reply is ``("staged", task, worker, [(index, bytes_copied), ...], seconds, epoch)``.
+    Args:
+        source: The ``Source`` to fetch from (picklable).
+        dst_root: The job's node-local directory.
     """
     failed = False
-    for task, epoch, step, files in _tasks(tasks, stop, parent_pid):
+    for task in _tasks(tasks, stop, parent_pid):
         if failed:
             continue
         start = time.perf_counter()
         done = []
         rel = None
         try:
-            for index, rel, size, mtime_ns in files:
-                done.append((index, stage_file(src_root, dst_root, rel, size, mtime_ns)))
+            for index, rel, size, mtime_ns in task.files:
+                done.append((index, source.fetch(rel, size, mtime_ns, dst_root)))
         except Exception as exc:  # reported with its context, then we wait to be stopped
-            reply.send(error_message("prefetch", worker, epoch, step, rel, exc,
-                                     f"cannot stage {os.path.join(src_root, rel or '')}: "
-                                     f"{type(exc).__name__}: {exc}"))
+            reply.send(Failure.from_exception("prefetch", worker, exc, task.epoch, task.step, rel,
+                                              f"cannot stage {source.describe(rel or '')}: "
+                                              f"{type(exc).__name__}: {exc}"))
             failed = True
             continue
-        reply.send(("staged", task, worker, done, time.perf_counter() - start, epoch))
+        reply.send(Staged(task.task, worker, done, time.perf_counter() - start, task.epoch))
 
 
 def reader_main(worker, parent_pid, tasks, reply, stop, root, loader, loader_options):
-    """Decodes each task's files and sends the minibatch to the parent.
+    """Decodes each ``ReadTask``'s files and replies ``Decoded`` (through ``wire``).
 
-    A task is ``(seq, epoch, step, [(relpath, label_or_None), ...])``; the
-    reply is ``("batch", seq, worker, samples, seconds)``, where a sample is
-    the loader's output, or ``(output, label)`` for labelled data. Replies
-    go through ``wire`` so that arrays cross the pipe without extra copies.
+    A sample is the loader's output, or ``(output, label)`` for labelled
+    data. Replies go through ``wire`` so that arrays cross the pipe without
+    extra copies.
+
+    Args:
+        root: Where the task's relative paths are read from: the job's
+            node-local directory, or the source's root when reading directly.
     """
     wire.widen(reply)
     try:
         load = make_loader(loader, loader_options)
     except Exception as exc:
-        wire.send(reply, error_message("read", worker, None, None, None, exc))
+        wire.send(reply, Failure.from_exception("read", worker, exc))
         load = None
-    for seq, epoch, step, files in _tasks(tasks, stop, parent_pid):
+    for task in _tasks(tasks, stop, parent_pid):
         if load is None:
             continue
         start = time.perf_counter()
         samples = []
         rel = None
         try:
-            for rel, label in files:
+            for rel, label in task.files:
                 sample = load(os.path.join(root, rel))
                 samples.append(sample if label is None else (sample, label))
         except Exception as exc:
-            wire.send(reply, error_message("read", worker, epoch, step, rel, exc))
+            wire.send(reply, Failure.from_exception("read", worker, exc, task.epoch, task.step, rel))
             load = None
             continue
-        wire.send(reply, ("batch", seq, worker, samples, time.perf_counter() - start))
+        wire.send(reply, Decoded(task.seq, worker, samples, time.perf_counter() - start))

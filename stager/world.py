@@ -134,6 +134,42 @@ def detect(mpi="auto"):
     return _from_env()
 
 
+def agree(comm, produce, error, root=0):
+    """Runs ``produce()`` on rank ``root`` and gives its result to every rank.
+
+    One rank reads the shared file system or sets something up for all; if
+    it fails, every rank must learn so, or the others would wait forever.
+
+    Args:
+        comm: mpi4py communicator, or None (then ``produce()`` is returned).
+        produce: Callable run on ``root``; its result must be picklable.
+        error: Callable ``(text) -> exception`` raised on the other ranks
+            when ``produce`` failed; ``text`` is ``"<Type>: <message>"``.
+        root: The rank that runs ``produce``.
+
+    Returns:
+        ``produce()``'s result, on every rank.
+
+    Raises:
+        The original exception on ``root``, ``error(text)`` elsewhere.
+    """
+    if comm is None:
+        return produce()
+    outcome, failure = None, None
+    if comm.Get_rank() == root:
+        try:
+            outcome = ("ok", produce())
+        except Exception as exc:
+            failure = exc
+            outcome = ("error", f"{type(exc).__name__}: {exc}")
+    outcome = comm.bcast(outcome, root=root)
+    if outcome[0] == "error":
+        if failure is not None:
+            raise failure
+        raise error(outcome[1])
+    return outcome[1]
+
+
 def _abort(world, text, code):
     sys.stderr.write(f"stager: rank {world.rank} of {world.size} on {world.node}: {text}\n"
                      "stager: aborting the MPI job so that no rank waits for this one\n")

@@ -12,7 +12,7 @@ import pytest
 from stager.catalog import Catalog
 from stager.config import config_from_dict
 from stager.slowfs import SlowFS
-from stager.synth import make_dataset
+from stager.job.synth import make_dataset
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -51,6 +51,24 @@ def live_children(pids):
         elif b"multiprocessing.resource_tracker" not in cmdline:
             alive.add(pid)
     return alive
+
+
+def stager_workers(prefix="stager-", pid=None):
+    """Live child processes of ``pid`` (default: this one) named ``prefix...``.
+
+    stager's workers name themselves (``stager-prefetch-<i>``, ``stager-read-<i>``),
+    so /proc tells them from other children (the janitor, an emulator daemon).
+    """
+    out = []
+    for child in live_children(child_pids(pid)):
+        try:
+            with open(f"/proc/{child}/comm") as fh:
+                name = fh.read().strip()
+        except FileNotFoundError:
+            continue
+        if name.startswith(prefix):
+            out.append(child)
+    return sorted(out)
 
 
 @pytest.fixture(autouse=True)

@@ -4,7 +4,7 @@ import pytest
 
 from conftest import REPO
 from stager.config import Config, config_from_dict, load_config
-from stager.demo import DEMO
+from stager.job.demo import DEMO
 from stager.errors import ConfigError
 
 

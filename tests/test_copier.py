@@ -7,9 +7,13 @@ import subprocess
 import pytest
 
 from conftest import load_catalog, make_config
-from stager.copier import stage_file
+from stager.sources import PosixSource
 from stager.errors import StageError
 from stager.pipeline import Pipeline
+
+
+def stage_file(src_root, dst_root, rel, size):
+    return PosixSource(src_root).fetch(rel, size, None, dst_root)
 
 
 def test_copy_publishes_once_and_skips_a_complete_copy(tmp_path):

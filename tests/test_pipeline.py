@@ -11,11 +11,11 @@ import h5py
 import numpy as np
 import pytest
 
-from conftest import REPO, child_pids, load_catalog, make_config
+from conftest import REPO, child_pids, load_catalog, make_config, stager_workers
 from stager import plan
 from stager.errors import StageError
 from stager.pipeline import Pipeline
-from stager.synth import make_dataset
+from stager.job.synth import make_dataset
 
 
 def expected_sequence(cfg, n):
@@ -89,7 +89,7 @@ def test_close_mid_epoch_leaves_no_process_and_no_directory(slow_source, tmp_pat
     it = iter(pipe)
     first = next(it)
     next(it)
-    pids = pipe.worker_pids()
+    pids = stager_workers()
     assert len(pids) == 3 + 2 and set(pids) <= child_pids()
     local = pipe.local_dir
     assert os.path.isdir(local) and (os.stat(local).st_mode & 0o777) == 0o700
@@ -127,7 +127,7 @@ def test_loader_error_reaches_the_caller_with_its_context(slow_source, tmp_path)
     assert (err.stage, err.epoch, err.step, err.path, err.cause) == ("read", 0, 2, catalog.path(victim), "ValueError")
     assert "corrupt sample" in str(err) and "failing_loader" in err.remote_traceback
     assert got == [0, 1]
-    assert not pipe.worker_pids() and not os.path.exists(pipe.local_dir)
+    assert not stager_workers() and not os.path.exists(pipe.local_dir)
 
 
 def test_source_file_vanishing_after_the_catalog_names_the_file(tmp_path):
@@ -144,7 +144,7 @@ def test_source_file_vanishing_after_the_catalog_names_the_file(tmp_path):
     assert (err.stage, err.epoch, err.step, err.path, err.cause) == ("prefetch", 0, 3, catalog.path(13),
                                                                       "FileNotFoundError")
     assert os.path.join(root, catalog.path(13)) in str(err)
-    assert not pipe.worker_pids() and not os.path.exists(pipe.local_dir)
+    assert not stager_workers() and not os.path.exists(pipe.local_dir)
 
 
 def test_source_file_changing_size_is_never_published(tmp_path):
@@ -187,12 +187,12 @@ def test_workers_exit_when_their_parent_is_killed(slow_source, tmp_path):
     script = textwrap.dedent(f"""
         import os, signal, sys
         sys.path.insert(0, {os.path.join(REPO, 'tests')!r})
-        from conftest import make_config
+        from conftest import make_config, stager_workers
         from stager.pipeline import Pipeline
         cfg = make_config({slow_source!r}, {str(tmp_path / 'local')!r}, plan={{"epochs": 0}})
         pipe = Pipeline(cfg)
         next(iter(pipe))
-        print(" ".join(map(str, pipe.worker_pids())), flush=True)
+        print(" ".join(map(str, stager_workers())), flush=True)
         print(pipe._jobdir._janitor.proc.pid, pipe.local_dir, os.path.isdir(pipe.local_dir), flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
     """)
@@ -226,11 +226,11 @@ def test_a_reader_killed_mid_run_is_reported_not_waited_for(slow_source, tmp_pat
         with pipe:
             it = iter(pipe)
             next(it)
-            os.kill(pipe._core.readers.procs[0].pid, signal.SIGKILL)
+            os.kill(stager_workers("stager-read")[0], signal.SIGKILL)
             for _ in it:  # ends with the error, not a hang
                 pass
     assert info.value.stage == "read" and info.value.cause == "WorkerDied"
-    assert not pipe.worker_pids() and not os.path.exists(pipe.local_dir)
+    assert not stager_workers() and not os.path.exists(pipe.local_dir)
 
 
 def test_a_failing_staged_callback_reaches_the_consumer(slow_source, tmp_path):
@@ -243,7 +243,7 @@ def test_a_failing_staged_callback_reaches_the_consumer(slow_source, tmp_path):
         with pipe:
             list(pipe)
     assert "on_staged" in info.value.remote_traceback
-    assert not pipe.worker_pids() and not os.path.exists(pipe.local_dir)
+    assert not stager_workers() and not os.path.exists(pipe.local_dir)
 
 
 def test_an_abandoned_pipeline_is_collected_and_closed(slow_source, tmp_path):
@@ -254,7 +254,7 @@ def test_an_abandoned_pipeline_is_collected_and_closed(slow_source, tmp_path):
     pipe = Pipeline(cfg)
     for _ in pipe:
         break
-    pids, local, ref = pipe.worker_pids(), pipe.local_dir, weakref.ref(pipe)
+    pids, local, ref = stager_workers(), pipe.local_dir, weakref.ref(pipe)
     del pipe
     gc.collect()
     assert ref() is None, "the coordinator thread must not keep the pipeline alive"

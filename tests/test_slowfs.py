@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from stager.slowfs import SlowFS, _mount_entry
-from stager.slowfs_engine import EngineUnavailable, build_c_engine, engine_command
+from stager.slowfs import SlowFS, mount_entry
+from stager.slowfs import EngineUnavailable, build_c_engine, engine_command
 
 ENGINES = ["c", "python"]
 
@@ -61,7 +61,7 @@ def test_serves_the_same_tree_and_bytes_read_only(engine, tree, tmp_path):
             os.open(os.path.join(mnt, "new"), os.O_WRONLY | os.O_CREAT, 0o600)
         with pytest.raises(FileNotFoundError):
             os.stat(os.path.join(mnt, "missing"))
-        entry = _mount_entry(mnt)
+        entry = mount_entry(mnt)
         assert entry is not None and entry.startswith("stager-slowfs:")
     assert (root / "a.bin").read_bytes() == payload["a.bin"] and not (root / "new").exists()
     assert not os.path.exists(mnt), "the temporary mount point must go with the mount"
@@ -114,7 +114,7 @@ def test_mount_ends_itself_when_its_owner_is_killed(engine, tree):
     try:
         mnt = owner.stdout.readline().strip()
         assert mnt, "the owner did not mount"
-        daemon = int(_mount_entry(mnt).split(":", 1)[1])
+        daemon = int(mount_entry(mnt).split(":", 1)[1])
         pidfd = os.pidfd_open(daemon)
         owner.kill()
     finally:
@@ -125,7 +125,7 @@ def test_mount_ends_itself_when_its_owner_is_killed(engine, tree):
         assert select.select([pidfd], [], [], 30)[0], "the daemon outlived its owner"
     finally:
         os.close(pidfd)
-    assert _mount_entry(mnt) is None
+    assert mount_entry(mnt) is None
     assert not os.path.exists(mnt), "the temporary mount point must be removed"
 
 

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from ..config import config_from_dict
-from ..copier import stage_file
+from ..sources import PosixSource
 from ..pipeline import Pipeline
 from .. import plan as planlib
 
@@ -152,7 +152,8 @@ def direct_torch(w, readers):
 
 def direct_chainer(w, readers):
     """Chainer MultiprocessIterator with ``readers`` processes reading the source directly."""
-    from iterators.chainer import _chainer as chainer
+    import iterators.chainer  # noqa: F401  (prepares the distutils that Chainer 7 imports)
+    import chainer
 
     calls = [0]
 
@@ -182,7 +183,8 @@ def copy_all(source, dest, catalog, copiers):
     """Copies every file with ``copiers`` threads; returns seconds."""
     begin = time.perf_counter()
     with ThreadPoolExecutor(copiers) as pool:
-        list(pool.map(lambda i: stage_file(source, dest, catalog.path(i), int(catalog.sizes[i])),
+        src = PosixSource(source)
+        list(pool.map(lambda i: src.fetch(catalog.path(i), int(catalog.sizes[i]), None, dest),
                       range(len(catalog))))
     return time.perf_counter() - begin
 

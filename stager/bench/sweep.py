@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from typing import List
 
 from ..catalog import Catalog
-from ..progress import Progress
-from ..slowfs import SlowFS, _mount_entry
-from ..synth import MANIFEST, make_dataset
+from ..job.progress import Progress
+from ..job.synth import MANIFEST, make_dataset
+from ..slowfs import SlowFS, mount_entry
 from . import methods as m
 
 
@@ -135,7 +135,7 @@ def run_bench(opts, out=print):
 
 def _engine_name(mountpoint):
     """``c`` or ``python``: which engine serves the mount (from its daemon's command line)."""
-    entry = _mount_entry(mountpoint)
+    entry = mount_entry(mountpoint)
     try:
         with open(f"/proc/{entry.split(':', 1)[1]}/cmdline", "rb") as fh:
             argv0 = fh.read().split(b"\0")[0]

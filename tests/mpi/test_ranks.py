@@ -16,7 +16,7 @@ from stager.catalog import Catalog, broadcast_catalog
 from stager.config import config_from_dict
 from stager.errors import CatalogError
 from stager.pipeline import Pipeline
-from stager.synth import make_dataset
+from stager.job.synth import make_dataset
 from stager.world import detect
 
 MPI = pytest.importorskip("mpi4py.MPI")

@@ -1,156 +1,28 @@
-"""An emulated slow shared file system: a read-only FUSE passthrough that
-adds a latency to every open and shares one bandwidth cap among all readers.
+"""Mounting and unmounting the emulated slow shared file system.
 
 Metadata-heavy parallel file systems (Lustre under load) are slow mostly per
-open, and their bandwidth is shared; this reproduces both on one machine so
-that the demo, the tests and the benchmarks have a realistic source.
-
-Two engines serve it the same way: a C daemon (``slowfsd.c``, preferred,
-built on first use by ``slowfs_engine.py``) and the Python one here. The
-module is also the Python engine's entry point (``python -m stager.slowfs``).
-
-``SlowFS`` is a context manager that mounts in a child process and unmounts
-on exit; ``mount`` / ``umount`` back the ``stager slowfs`` commands, where the
-daemon outlives the command and ``umount`` ends it. The daemon's pid is kept
-in the mount's source name (``stager-slowfs:<pid>``), so ``umount`` finds it
-in ``/proc/self/mounts`` without a pid file.
+open, and their bandwidth is shared; the emulator reproduces both on one
+machine so that the demo, the tests and the benchmarks have a realistic
+source. ``SlowFS`` is a context manager that mounts in a child process and
+unmounts on exit; ``mount`` / ``umount`` back the ``stager slowfs`` commands,
+where the daemon outlives the command and ``umount`` ends it. The daemon's pid
+is kept in the mount's source name (``stager-slowfs:<pid>``), so ``umount``
+finds it in ``/proc/self/mounts`` without a pid file.
 """
 
-import argparse
-import errno
 import os
+import select
 import shutil
 import subprocess
-import sys
-import threading
-import time
+import tempfile
 
-from .slowfs_engine import engine_command
+from .engine import engine_command
 
 FSNAME = "stager-slowfs"
 
 
-class _Throttle:
-    """A shared bandwidth cap: each read waits for its slot on one timeline."""
-
-    def __init__(self, bytes_per_s):
-        self.rate = bytes_per_s
-        self.lock = threading.Lock()
-        self.free_at = time.monotonic()
-
-    def take(self, nbytes):
-        if self.rate <= 0:
-            return
-        with self.lock:
-            now = time.monotonic()
-            start = max(now, self.free_at)
-            self.free_at = start + nbytes / self.rate
-            done = self.free_at
-        delay = done - time.monotonic()
-        if delay > 0:
-            time.sleep(delay)
-
-
-def _operations(root, open_s, bytes_per_s, ready_fd):
-    # mfusepy is imported here so that importing stager never needs libfuse.
-    import mfusepy
-
-    class SlowPassthrough(mfusepy.Operations):
-        use_ns = True
-
-        def __init__(self):
-            self.root = os.path.realpath(root)
-            self.throttle = _Throttle(bytes_per_s)
-
-        def _full(self, path):
-            return os.path.join(self.root, path.lstrip("/"))
-
-        def init(self, path):
-            if ready_fd is not None:
-                os.write(ready_fd, b"ready\n")
-                os.close(ready_fd)
-
-        def getattr(self, path, fh=None):
-            st = os.lstat(self._full(path))
-            keys = ("st_mode", "st_nlink", "st_size", "st_uid", "st_gid", "st_atime_ns", "st_mtime_ns",
-                    "st_ctime_ns")
-            out = {k.replace("_ns", ""): getattr(st, k) for k in keys}
-            out["st_mode"] &= ~0o222  # read only
-            return out
-
-        def readdir(self, path, fh):
-            return [".", ".."] + os.listdir(self._full(path))
-
-        def readlink(self, path):
-            return os.readlink(self._full(path))
-
-        def statfs(self, path):
-            sv = os.statvfs(self._full(path))
-            return {k: getattr(sv, k) for k in ("f_bsize", "f_frsize", "f_blocks", "f_bfree", "f_bavail",
-                                                 "f_files", "f_ffree", "f_namemax")}
-
-        def open(self, path, flags):
-            if flags & (os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_TRUNC | os.O_CREAT):
-                raise mfusepy.FuseOSError(errno.EROFS)
-            if open_s > 0:
-                time.sleep(open_s)
-            return os.open(self._full(path), os.O_RDONLY)
-
-        def read(self, path, size, offset, fh):
-            data = os.pread(fh, size, offset)
-            self.throttle.take(len(data))
-            return data
-
-        def release(self, path, fh):
-            os.close(fh)
-            return 0
-
-    return SlowPassthrough()
-
-
-def _unmount_when_owner_dies(owner_fd, mountpoint, owner_gone):
-    # Blocks until the owner closes its end of the pipe, which the kernel does
-    # when the owner dies, however it dies. A clean owner unmounts first, so
-    # the daemon is usually gone before this returns.
-    while os.read(owner_fd, 1024):
-        pass
-    owner_gone.set()
-    subprocess.run([_fusermount(), "-u", "-z", mountpoint], capture_output=True)
-
-
-def serve(source, mountpoint, open_ms, mbps, ready_fd=None, owner_fd=None, remove_mountpoint=False):
-    """Runs the file system in the foreground until it is unmounted.
-
-    Args:
-        source: Directory to expose.
-        mountpoint: Where to mount.
-        open_ms: Latency per open, in milliseconds.
-        mbps: Shared bandwidth cap in MB/s; 0 = unlimited.
-        ready_fd: File descriptor to write ``ready`` to once mounted.
-        owner_fd: Read end of a pipe held by the owner; when it reaches EOF
-            (the owner died) the file system unmounts itself.
-        remove_mountpoint: With ``owner_fd``, also remove the mount point then.
-    """
-    import mfusepy
-
-    owner_gone = threading.Event()
-    if owner_fd is not None:
-        threading.Thread(target=_unmount_when_owner_dies, args=(owner_fd, mountpoint, owner_gone),
-                         daemon=True).start()
-
-    ops = _operations(source, open_ms / 1000.0, mbps * 1e6, ready_fd)
-    # libfuse serves at most 10 requests at once by default: fewer than the
-    # opens a parallel file system takes at once, and than 16 prefetchers.
-    mfusepy.FUSE(ops, mountpoint, foreground=True, nothreads=False, ro=True, max_threads=128,
-                 fsname=f"{FSNAME}:{os.getpid()}", default_permissions=True)
-    if owner_gone.is_set() and remove_mountpoint:
-        try:
-            os.rmdir(mountpoint)  # the owner made it and can no longer remove it
-        except OSError:
-            pass
-
-
-def _mount_entry(mountpoint):
+def mount_entry(mountpoint):
+    """The source name of the emulator mount at ``mountpoint`` (``stager-slowfs:<pid>``), or None."""
     target = os.path.realpath(mountpoint)
     with open("/proc/self/mounts", encoding="utf-8") as fh:
         for line in fh:
@@ -160,7 +32,8 @@ def _mount_entry(mountpoint):
     return None
 
 
-def _fusermount():
+def fusermount():
+    """Path of fusermount3 (or fusermount)."""
     tool = shutil.which("fusermount3") or shutil.which("fusermount")
     if tool is None:
         raise RuntimeError("fusermount3 not found: install the fuse3 package (apt-get install fuse3)")
@@ -182,7 +55,7 @@ def mount(source, mountpoint, open_ms=10.0, mbps=0.0, timeout_s=30.0, log_path=N
             while it owns the mount; the mount ends itself at EOF. None: the
             mount lasts until ``umount`` (the ``stager slowfs`` command).
         remove_mountpoint: With ``owner_fd``, remove the mount point too.
-        engine: ``auto``, ``c`` or ``python`` (see ``slowfs_engine``).
+        engine: ``auto``, ``c`` or ``python`` (see ``engine``).
 
     Returns:
         The daemon's ``subprocess.Popen``.
@@ -195,7 +68,7 @@ def mount(source, mountpoint, open_ms=10.0, mbps=0.0, timeout_s=30.0, log_path=N
         raise RuntimeError(f"slowfs: source {source} is not a directory")
     if not os.path.isdir(mountpoint):
         raise RuntimeError(f"slowfs: mount point {mountpoint} is not a directory")
-    _fusermount()
+    fusermount()
     if not os.path.exists("/dev/fuse"):
         raise RuntimeError("slowfs: /dev/fuse is missing; FUSE is not available on this machine")
     daemon = engine_command(engine)
@@ -211,7 +84,6 @@ def mount(source, mountpoint, open_ms=10.0, mbps=0.0, timeout_s=30.0, log_path=N
                             stderr=subprocess.PIPE if log is subprocess.DEVNULL else log, start_new_session=True)
     os.close(write_fd)
     try:
-        import select
         ready, _, _ = select.select([read_fd], [], [], timeout_s)
         answer = os.read(read_fd, 64) if ready else b""
     finally:
@@ -227,7 +99,7 @@ def mount(source, mountpoint, open_ms=10.0, mbps=0.0, timeout_s=30.0, log_path=N
     if proc.poll() is None:
         proc.kill()
         # It may have mounted without saying so; never leave a dead mount.
-        subprocess.run([_fusermount(), "-u", "-z", mountpoint], capture_output=True)
+        subprocess.run([fusermount(), "-u", "-z", mountpoint], capture_output=True)
     if proc.stderr is not None:
         err = proc.stderr.read()
         proc.stderr.close()
@@ -243,11 +115,11 @@ def umount(mountpoint, timeout_s=30.0):
         RuntimeError: If ``mountpoint`` is not a stager slowfs mount or
             ``fusermount3 -u`` fails.
     """
-    entry = _mount_entry(mountpoint)
+    entry = mount_entry(mountpoint)
     if entry is None:
         raise RuntimeError(f"slowfs: {mountpoint} is not a stager slowfs mount")
     pid = int(entry.split(":", 1)[1]) if ":" in entry else None
-    result = subprocess.run([_fusermount(), "-u", mountpoint], capture_output=True, text=True)
+    result = subprocess.run([fusermount(), "-u", mountpoint], capture_output=True, text=True)
     if result.returncode != 0:
         raise RuntimeError(f"slowfs: fusermount3 -u {mountpoint} failed: {result.stderr.strip()}")
     if pid is not None:
@@ -255,7 +127,6 @@ def umount(mountpoint, timeout_s=30.0):
 
 
 def _wait_pid_exit(pid, timeout_s):
-    import select
     try:
         fd = os.pidfd_open(pid)
     except ProcessLookupError:
@@ -278,7 +149,7 @@ class SlowFS:
             removed again on exit.
         open_ms: Latency per open, in milliseconds.
         mbps: Shared bandwidth cap in MB/s; 0 = unlimited.
-        engine: ``auto``, ``c`` or ``python`` (see ``slowfs_engine``).
+        engine: ``auto``, ``c`` or ``python`` (see ``engine``).
     """
 
     def __init__(self, source, mountpoint=None, open_ms=10.0, mbps=0.0, engine="auto"):
@@ -291,7 +162,6 @@ class SlowFS:
         self._made_dir = False
 
     def __enter__(self):
-        import tempfile
         if self.mountpoint is None:
             self.mountpoint = tempfile.mkdtemp(prefix="stager-slowfs-")
             self._made_dir = True
@@ -320,7 +190,7 @@ class SlowFS:
         except RuntimeError:
             # Busy (a process still has a file open): detach lazily so the
             # daemon can exit, rather than leave the mount behind.
-            subprocess.run([_fusermount(), "-u", "-z", self.mountpoint], capture_output=True)
+            subprocess.run([fusermount(), "-u", "-z", self.mountpoint], capture_output=True)
         try:
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
@@ -336,21 +206,3 @@ class SlowFS:
             except OSError:
                 pass  # still busy; never hide the error that brought us here
             self._made_dir = False
-
-
-def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m stager.slowfs", description="Serve a slow FUSE passthrough.")
-    parser.add_argument("source")
-    parser.add_argument("mountpoint")
-    parser.add_argument("--open-ms", type=float, default=10.0)
-    parser.add_argument("--mbps", type=float, default=0.0)
-    parser.add_argument("--ready-fd", type=int, default=None)
-    parser.add_argument("--owner-fd", type=int, default=None)
-    parser.add_argument("--remove-mountpoint", action="store_true")
-    args = parser.parse_args(argv)
-    serve(args.source, args.mountpoint, args.open_ms, args.mbps, args.ready_fd, args.owner_fd,
-          args.remove_mountpoint)
-
-
-if __name__ == "__main__":
-    main()

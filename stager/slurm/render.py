@@ -13,7 +13,7 @@ import re
 import shlex
 import sys
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 TEMPLATES = ("srun", "mpirun", "single")
 _SAFE = re.compile(r"^[A-Za-z0-9_.,:%@+=/\-]+$")
@@ -23,7 +23,8 @@ _ASSIGN = re.compile(r"^(STAGER_VENV|STAGER_CONFIG|STAGER_LOCAL_DIR|STAGER_COMMA
 
 def template_dirs():
     """Where templates are looked for: the source tree, then an installed copy."""
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    # stager/slurm/render.py -> the repository root, which holds slurm/*.sbatch
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     return [os.path.join(here, "slurm"), os.path.join(sys.prefix, "share", "stager", "slurm")]
 
 

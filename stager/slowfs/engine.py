@@ -1,7 +1,7 @@
 """Which program serves the slow file system emulator, and building the C one.
 
 Two engines behave the same and take the same arguments: ``slowfsd.c``
-(libfuse3, compiled here on first use) and the Python one in ``slowfs.py``
+(libfuse3, compiled here on first use) and the Python one in ``pyengine.py``
 (mfusepy). The C engine is preferred because the emulator must deliver the
 latency and bandwidth it is given rather than its own CPU cost: in Python
 each file costs about 0.6 ms of CPU, which capped a 2-core machine near
@@ -115,4 +115,4 @@ def engine_command(engine):
     if engine not in ENGINES:
         raise ValueError(f"slowfs: unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
     path = build_c_engine() if engine == "c" else _auto_choice() if engine == "auto" else None
-    return [path] if path else [sys.executable, "-m", "stager.slowfs"]
+    return [path] if path else [sys.executable, "-m", "stager.slowfs.pyengine"]

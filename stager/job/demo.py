@@ -8,7 +8,7 @@ import os
 import shutil
 import tempfile
 
-from .config import config_from_dict
+from ..config import config_from_dict
 from .runner import run_job
 
 DEMO = {

@@ -1,0 +1,119 @@
+"""The job behind ``stager run``: a training-like loop over the pipeline.
+
+It prepares the source (``source.py``: synthetic data, the emulator), iterates
+the pipeline as a training loop would, optionally sleeping a simulated compute
+time per step, and writes the report and the records (``records.py``).
+"""
+
+import contextlib
+import json
+import sys
+import time
+
+from .. import plan as planlib
+from ..catalog import Catalog, broadcast_catalog
+from ..pipeline import Pipeline
+from ..world import detect
+from .progress import Progress
+from .records import Recorder, StateFile
+from .source import prepare_source
+
+
+def _combine(summaries):
+    """Job totals from every rank's summary (gathered on rank 0)."""
+    first = summaries[0]
+    total = dict(first)
+    for key in ("batches", "samples", "files_staged", "bytes_staged", "files_present", "prefetch_busy_s",
+                "read_busy_s", "compute_s"):
+        total[key] = round(sum(s[key] for s in summaries), 4) if isinstance(first[key], float) else \
+            sum(s[key] for s in summaries)
+    total["wall_s"] = max(s["wall_s"] for s in summaries)
+    total["stall_s"] = max(s["stall_s"] for s in summaries)  # the slowest rank sets the pace
+    total["stall_fraction"] = round(total["stall_s"] / total["wall_s"], 4) if total["wall_s"] else 0.0
+    total["samples_per_s"] = round(total["samples"] / total["wall_s"], 2) if total["wall_s"] else 0.0
+    total["ranks"] = [{k: s[k] for k in ("rank", "node", "batches", "samples", "files_staged", "wall_s",
+                                         "stall_s")} for s in summaries]
+    return total
+
+
+def run_job(cfg, report=None, record=None, progress=True, world=None):
+    """Runs the configured job on this rank and returns the job's totals.
+
+    Args:
+        cfg: A ``Config``.
+        report: Path of a JSON file for the totals (written by rank 0), or None.
+        record: Directory for per-rank and per-node records, or None.
+        progress: Show a progress bar (rank 0 only).
+        world: A ``World``; default: detected from ``cfg.world.mpi``.
+
+    Returns:
+        On rank 0 (or without MPI), the job's totals: sums over ranks of
+        batches, samples, files and bytes staged; the slowest rank's wall and
+        stall seconds; and one entry per rank under ``ranks``. On other
+        ranks, this rank's own summary.
+    """
+    world = world if world is not None else detect(cfg.world.mpi)
+    progress = progress and world.rank == 0
+    with contextlib.ExitStack() as stack:
+        cfg = prepare_source(cfg, stack, progress, world)
+        catalog = broadcast_catalog(world.comm, lambda: Catalog.load(cfg.dataset))
+        recorder = None
+        if record:
+            recorder = Recorder(record, catalog, world)
+            stack.callback(recorder.close)
+        state = StateFile(cfg.run.state_file, world, len(catalog), cfg.plan) if cfg.run.state_file else None
+        start = state.load() if state else planlib.Position()
+        if start != planlib.Position() and progress:
+            print(f"stager: resuming from epoch {start.epoch}, {start.consumed} samples into it ({state.base})",
+                  file=sys.stderr)
+        steps = planlib.steps_per_epoch(len(catalog), cfg.plan.batch_size, cfg.plan.drop_last, world.size,
+                                        cfg.plan.remainder)
+        total = steps * (cfg.plan.epochs - start.epoch) if cfg.plan.epochs else 0
+        if cfg.run.max_batches:
+            total = min(total, cfg.run.max_batches) if total else cfg.run.max_batches
+        pipe = stack.enter_context(Pipeline(cfg, catalog, world=world, start=start,
+                                            on_staged=recorder.staged if recorder else None))
+        bar = Progress(total, "staged run" if cfg.staging.enabled else "direct run", "minibatches",
+                       enabled=progress)
+        compute_s = cfg.run.compute_ms / 1000.0
+        begin = time.perf_counter()
+        epochs = set()
+        position = start
+        try:
+            for batch in pipe:
+                if compute_s:
+                    time.sleep(compute_s)  # stands in for the training step
+                epochs.add(batch.epoch)
+                if recorder:
+                    recorder.batch(batch)
+                position = position.after(batch)
+                bar.update()
+                if cfg.run.max_batches and pipe.stats.batches >= cfg.run.max_batches:
+                    break
+        except BaseException:
+            if state:  # stopped (SIGTERM, preemption, an error): the next start resumes here
+                state.save(position)
+            raise
+        if state:
+            if cfg.run.max_batches and (not cfg.plan.epochs or position.epoch < cfg.plan.epochs):
+                state.save(position)
+            else:
+                state.remove()
+        wall = time.perf_counter() - begin
+        bar.close()
+    summary = {"mode": "staged" if cfg.staging.enabled else "direct", "epochs": len(epochs),
+               "samples_in_catalog": len(catalog), "world_size": world.size, "nodes": world.nodes,
+               "rank": world.rank, "node": world.node}
+    summary.update(pipe.stats.summary(wall))
+    summary["compute_s"] = round(compute_s * summary["batches"], 4)
+    summary["config"] = cfg.to_dict()
+    if world.comm is not None:
+        gathered = world.comm.gather(summary, root=0)
+        if world.rank != 0:
+            return summary
+        summary = _combine(gathered)
+    if report:
+        with open(report, "w", encoding="utf-8") as fh:
+            json.dump(summary, fh, indent=2)
+            fh.write("\n")
+    return summary

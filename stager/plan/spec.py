@@ -1,0 +1,80 @@
+"""Plans as descriptions: what a rank will read, evaluable by any process."""
+
+from dataclasses import dataclass
+
+from .batching import iterate, stream
+from .order import epoch_order
+from .resume import Position
+
+
+@dataclass(frozen=True)
+class PlanSpec:
+    """What one rank reads, as a description any process can evaluate.
+
+    The node's service receives one per rank, so a cache policy can compute
+    when each file is needed next without being handed iterators.
+
+    Attributes:
+        samples: Catalog size.
+        batch_size: Samples per minibatch on one rank.
+        epochs: Epochs to read; 0 reads without end.
+        seed: Run seed.
+        shuffle: Permute each epoch.
+        drop_last: Drop each epoch's short last global minibatch.
+        remainder: ``pad`` or ``drop`` (see ``epoch_order``).
+        size: Number of ranks.
+        start: Where reading starts.
+    """
+
+    samples: int
+    batch_size: int
+    epochs: int
+    seed: int
+    shuffle: bool
+    drop_last: bool
+    remainder: str
+    size: int
+    start: Position = Position()
+
+    @classmethod
+    def from_config(cls, samples, plan, size=1, start=Position()):
+        """The description of reading ``plan`` (a ``PlanConfig``) over ``samples`` on ``size`` ranks."""
+        return cls(samples, plan.batch_size, plan.epochs, plan.seed, plan.shuffle, plan.drop_last,
+                   plan.remainder, size, start)
+
+    def minibatches(self, rank):
+        """Rank ``rank``'s minibatches (see ``iterate``)."""
+        return iterate(self.samples, self, self.start.epoch, self.start.consumed, rank, self.size)
+
+
+@dataclass(frozen=True)
+class StreamSpec:
+    """Chainer's batching (``stream``) of the shuffled or catalog order, as a description.
+
+    Attributes:
+        samples: Catalog size.
+        batch_size: Samples per minibatch on one rank.
+        seed: Run seed.
+        shuffle: Permute each epoch.
+        remainder: ``pad`` or ``drop``.
+        size: Number of ranks.
+        start: Samples of the stream consumed by all ranks together.
+        repeat: Read epochs without end; False stops after epoch 0.
+    """
+
+    samples: int
+    batch_size: int
+    seed: int
+    shuffle: bool
+    remainder: str
+    size: int
+    start: int = 0
+    repeat: bool = True
+
+    def order(self, epoch):
+        """Epoch ``epoch``'s global order."""
+        return epoch_order(self.samples, self.seed, epoch, self.shuffle, self.size, self.remainder)
+
+    def minibatches(self, rank):
+        """Rank ``rank``'s minibatches (see ``stream``)."""
+        return stream(self.order, self.batch_size, self.start, rank, self.size, self.repeat)

@@ -1,0 +1,153 @@
+"""The emulator's Python engine (mfusepy): a read-only passthrough that
+sleeps on every open and books every read on one shared bandwidth timeline.
+
+The C engine (``slowfsd.c``) is preferred; this one runs where no compiler or
+libfuse3 headers exist. Entry point: ``python -m stager.slowfs.pyengine``.
+"""
+
+import argparse
+import errno
+import os
+import subprocess
+import threading
+import time
+
+from .mount import FSNAME, fusermount
+
+
+class _Throttle:
+    """A shared bandwidth cap: each read waits for its slot on one timeline."""
+
+    def __init__(self, bytes_per_s):
+        self.rate = bytes_per_s
+        self.lock = threading.Lock()
+        self.free_at = time.monotonic()
+
+    def take(self, nbytes):
+        if self.rate <= 0:
+            return
+        with self.lock:
+            now = time.monotonic()
+            start = max(now, self.free_at)
+            self.free_at = start + nbytes / self.rate
+            done = self.free_at
+        delay = done - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+
+
+def _operations(root, open_s, bytes_per_s, ready_fd):
+    # mfusepy is imported here so that importing stager never needs libfuse.
+    import mfusepy
+
+    class SlowPassthrough(mfusepy.Operations):
+        use_ns = True
+
+        def __init__(self):
+            self.root = os.path.realpath(root)
+            self.throttle = _Throttle(bytes_per_s)
+
+        def _full(self, path):
+            return os.path.join(self.root, path.lstrip("/"))
+
+        def init(self, path):
+            if ready_fd is not None:
+                os.write(ready_fd, b"ready\n")
+                os.close(ready_fd)
+
+        def getattr(self, path, fh=None):
+            st = os.lstat(self._full(path))
+            keys = ("st_mode", "st_nlink", "st_size", "st_uid", "st_gid", "st_atime_ns", "st_mtime_ns",
+                    "st_ctime_ns")
+            out = {k.replace("_ns", ""): getattr(st, k) for k in keys}
+            out["st_mode"] &= ~0o222  # read only
+            return out
+
+        def readdir(self, path, fh):
+            return [".", ".."] + os.listdir(self._full(path))
+
+        def readlink(self, path):
+            return os.readlink(self._full(path))
+
+        def statfs(self, path):
+            sv = os.statvfs(self._full(path))
+            return {k: getattr(sv, k) for k in ("f_bsize", "f_frsize", "f_blocks", "f_bfree", "f_bavail",
+                                                 "f_files", "f_ffree", "f_namemax")}
+
+        def open(self, path, flags):
+            if flags & (os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_TRUNC | os.O_CREAT):
+                raise mfusepy.FuseOSError(errno.EROFS)
+            if open_s > 0:
+                time.sleep(open_s)
+            return os.open(self._full(path), os.O_RDONLY)
+
+        def read(self, path, size, offset, fh):
+            data = os.pread(fh, size, offset)
+            self.throttle.take(len(data))
+            return data
+
+        def release(self, path, fh):
+            os.close(fh)
+            return 0
+
+    return SlowPassthrough()
+
+
+def _unmount_when_owner_dies(owner_fd, mountpoint, owner_gone):
+    # Blocks until the owner closes its end of the pipe, which the kernel does
+    # when the owner dies, however it dies. A clean owner unmounts first, so
+    # the daemon is usually gone before this returns.
+    while os.read(owner_fd, 1024):
+        pass
+    owner_gone.set()
+    subprocess.run([fusermount(), "-u", "-z", mountpoint], capture_output=True)
+
+
+def serve(source, mountpoint, open_ms, mbps, ready_fd=None, owner_fd=None, remove_mountpoint=False):
+    """Runs the file system in the foreground until it is unmounted.
+
+    Args:
+        source: Directory to expose.
+        mountpoint: Where to mount.
+        open_ms: Latency per open, in milliseconds.
+        mbps: Shared bandwidth cap in MB/s; 0 = unlimited.
+        ready_fd: File descriptor to write ``ready`` to once mounted.
+        owner_fd: Read end of a pipe held by the owner; when it reaches EOF
+            (the owner died) the file system unmounts itself.
+        remove_mountpoint: With ``owner_fd``, also remove the mount point then.
+    """
+    import mfusepy
+
+    owner_gone = threading.Event()
+    if owner_fd is not None:
+        threading.Thread(target=_unmount_when_owner_dies, args=(owner_fd, mountpoint, owner_gone),
+                         daemon=True).start()
+
+    ops = _operations(source, open_ms / 1000.0, mbps * 1e6, ready_fd)
+    # libfuse serves at most 10 requests at once by default: fewer than the
+    # opens a parallel file system takes at once, and than 16 prefetchers.
+    mfusepy.FUSE(ops, mountpoint, foreground=True, nothreads=False, ro=True, max_threads=128,
+                 fsname=f"{FSNAME}:{os.getpid()}", default_permissions=True)
+    if owner_gone.is_set() and remove_mountpoint:
+        try:
+            os.rmdir(mountpoint)  # the owner made it and can no longer remove it
+        except OSError:
+            pass
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m stager.slowfs.pyengine", description="Serve a slow FUSE passthrough.")
+    parser.add_argument("source")
+    parser.add_argument("mountpoint")
+    parser.add_argument("--open-ms", type=float, default=10.0)
+    parser.add_argument("--mbps", type=float, default=0.0)
+    parser.add_argument("--ready-fd", type=int, default=None)
+    parser.add_argument("--owner-fd", type=int, default=None)
+    parser.add_argument("--remove-mountpoint", action="store_true")
+    args = parser.parse_args(argv)
+    serve(args.source, args.mountpoint, args.open_ms, args.mbps, args.ready_fd, args.owner_fd,
+          args.remove_mountpoint)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,44 @@
+"""Where samples come from: a ``Source`` lists its items and fetches one at a time.
+
+A source is what prefetchers read and what the catalog lists. Each one:
+
+- ``root``: a string naming the dataset root (a directory, later a bucket
+  prefix); ``scheme``: its registry name;
+- ``read_manifest(manifest)`` and ``scan(extensions)`` return a ``Listing``
+  (relative paths, sizes, labels, modification times), run once on rank 0;
+- ``fetch(rel, size, mtime_ns, dst_root)`` puts one item into node-local
+  storage through ``publish`` (temporary name, size check, rename) and
+  returns the bytes written, 0 when a matching copy was already there;
+- ``local_root``: a directory readers can open items in when staging is
+  off, or None when the items are not files;
+- ``describe(rel)``: the item's full name for messages.
+
+Sources are picklable, so prefetchers started with any method receive them.
+They are chosen by the scheme of ``dataset.source`` from a small registry.
+"""
+
+from ..errors import ConfigError
+from .listing import Listing, check_relpath
+from .posix import PosixSource
+from .publish import SourceChanged, already_published, publish
+
+SOURCES = {"file": PosixSource}
+
+
+def open_source(location):
+    """The source for ``dataset.source``: ``scheme://...``, or a plain path (a file tree).
+
+    Raises:
+        ConfigError: For a scheme no source serves, listing those that do.
+    """
+    scheme, sep, rest = location.partition("://")
+    if not sep:
+        return PosixSource(location)
+    if scheme not in SOURCES:
+        raise ConfigError(f"dataset.source {location!r}: no source for scheme {scheme!r}; "
+                          f"known: {', '.join(f'{s}://' for s in sorted(SOURCES))} or a plain path")
+    return SOURCES[scheme](rest if scheme == "file" else location)
+
+
+__all__ = ["Listing", "PosixSource", "SOURCES", "SourceChanged", "already_published", "check_relpath",
+           "open_source", "publish"]

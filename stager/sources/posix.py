@@ -1,0 +1,198 @@
+"""The POSIX source: a directory tree on a shared file system (Lustre, GPFS, NFS).
+
+It is only ever read: listed once (a manifest or one scan, on rank 0),
+fetched file by file into node-local storage by the prefetchers, or read in
+place by the readers when staging is off.
+"""
+
+import errno
+import os
+
+from ..errors import CatalogError
+from .listing import Listing, check_relpath
+from .publish import SourceChanged, already_published, publish
+
+
+def _sendfile_all(src_fd, dst_fd):
+    total = 0
+    try:
+        while True:
+            sent = os.sendfile(dst_fd, src_fd, total, 1 << 24)
+            if sent == 0:
+                return total
+            total += sent
+    except OSError as exc:
+        # Some file systems do not implement the splice path that sendfile
+        # needs; fall back to plain reads and writes from where it stopped.
+        if exc.errno not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP) or total:
+            raise
+    while True:
+        chunk = os.read(src_fd, 1 << 20)
+        if not chunk:
+            return total
+        view = memoryview(chunk)
+        while view:
+            written = os.write(dst_fd, view)
+            view = view[written:]
+        total += len(chunk)
+
+
+class PosixSource:
+    """A dataset root directory, read through the operating system.
+
+    Picklable (a root path), so prefetchers started by any method get it.
+
+    Args:
+        root: The dataset root.
+    """
+
+    scheme = "file"
+
+    def __init__(self, root):
+        self.root = os.path.abspath(root)
+
+    @property
+    def local_root(self):
+        """Where readers can open items in place (staging off): the root itself."""
+        return self.root
+
+    def describe(self, rel):
+        """The item's full name, for messages."""
+        return os.path.join(self.root, rel)
+
+    def fetch(self, rel, size, mtime_ns, dst_root):
+        """Copies ``root/rel`` to ``dst_root/rel``, checked and atomic (``publish``).
+
+        The copy keeps the source's modification time, so a copy left by an
+        earlier run (``staging.keep``) is reused only if the source is unchanged.
+
+        Returns:
+            Bytes copied; 0 when a matching copy was already there.
+
+        Raises:
+            SourceChanged: If the source's size or modification time differs
+                from the catalog's, or it changed during the copy.
+            OSError: From the file systems (missing source, ENOSPC, ...).
+        """
+        if already_published(dst_root, rel, size, mtime_ns):
+            return 0
+        src_fd = os.open(os.path.join(self.root, rel), os.O_RDONLY)
+        try:
+            st = os.fstat(src_fd)
+            if st.st_size != size or (mtime_ns is not None and st.st_mtime_ns != mtime_ns):
+                raise SourceChanged(errno.EIO, f"the source changed since the catalog was made: size {st.st_size} "
+                                               f"(catalog says {size}), mtime_ns {st.st_mtime_ns} "
+                                               f"(catalog says {mtime_ns})")
+            return publish(dst_root, rel, size, lambda dst_fd: _sendfile_all(src_fd, dst_fd),
+                           (st.st_atime_ns, st.st_mtime_ns))
+        finally:
+            os.close(src_fd)
+
+    def read_manifest(self, manifest):
+        """Reads a manifest: one relative path per line, optional label after a tab.
+
+        Blank lines and lines starting with ``#`` are skipped. Every listed file
+        is checked to exist inside the root, and its size is recorded.
+
+        Args:
+            manifest: Manifest file; relative paths are taken from the root.
+
+        Returns:
+            A ``Listing``.
+
+        Raises:
+            CatalogError: Naming the manifest line at fault.
+        """
+        root = self.root
+        manifest = manifest if os.path.isabs(manifest) else os.path.join(root, manifest)
+        real_root = os.path.realpath(root)
+        try:
+            with open(manifest, encoding="utf-8") as fh:
+                lines = fh.read().splitlines()
+        except OSError as exc:
+            raise CatalogError(f"cannot read manifest {manifest}: {exc.strerror}") from None
+        paths, sizes, labels, mtimes = [], [], [], []
+        labelled = None
+        for number, line in enumerate(lines, 1):
+            if not line.strip() or line.startswith("#"):
+                continue
+            where = f"{manifest}:{number}"
+            fields = line.split("\t")
+            if len(fields) > 2:
+                raise CatalogError(f"{where}: expected 'path' or 'path<TAB>label', got {len(fields)} fields")
+            rel = check_relpath(fields[0], where)
+            full = os.path.join(real_root, rel)
+            real = os.path.realpath(full)
+            if os.path.commonpath([real, real_root]) != real_root:
+                raise CatalogError(f"{where}: {rel!r} resolves to {real}, outside the dataset root {real_root}")
+            try:
+                st = os.stat(real)
+            except OSError as exc:
+                raise CatalogError(f"{where}: sample {rel!r} not readable: {exc.strerror}") from None
+            if not os.path.isfile(real):
+                raise CatalogError(f"{where}: sample {rel!r} is not a regular file")
+            has_label = len(fields) == 2
+            if labelled is None:
+                labelled = has_label
+            elif labelled != has_label:
+                raise CatalogError(f"{where}: every line needs a label or none does; this line "
+                                   f"{'has' if has_label else 'has no'} label, earlier lines differ")
+            if has_label:
+                try:
+                    labels.append(int(fields[1]))
+                except ValueError:
+                    raise CatalogError(f"{where}: label {fields[1]!r} is not an integer") from None
+            paths.append(rel)
+            sizes.append(st.st_size)
+            mtimes.append(st.st_mtime_ns)
+        if not paths:
+            raise CatalogError(f"manifest {manifest} lists no samples")
+        return Listing(paths, sizes, labels if labelled else None, mtimes)
+
+    def scan(self, extensions=()):
+        """Scans a directory tree once.
+
+        Hidden files and directories are skipped. When every sample lies in a
+        first-level subdirectory (the ImageNet layout), those directories are
+        the classes: labels are their indices in sorted order.
+
+        Args:
+            extensions: Keep only files ending in one of these; empty keeps all.
+
+        Returns:
+            A ``Listing``.
+
+        Raises:
+            CatalogError: If the root is missing or holds no samples, or a
+                symbolic link points outside it.
+        """
+        root = self.root
+        if not os.path.isdir(root):
+            raise CatalogError(f"dataset root {root} is not a directory")
+        real_root = os.path.realpath(root)
+        paths, sizes, mtimes = [], [], []
+        for dirpath, dirnames, filenames in os.walk(real_root):
+            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+            for name in sorted(filenames):
+                if name.startswith(".") or (extensions and not name.endswith(tuple(extensions))):
+                    continue
+                full = os.path.join(dirpath, name)
+                rel = os.path.relpath(full, real_root).replace(os.sep, "/")
+                real = os.path.realpath(full)
+                if os.path.commonpath([real, real_root]) != real_root:
+                    raise CatalogError(f"{full}: symbolic link to {real}, outside the dataset root {real_root}")
+                if not os.path.isfile(real):
+                    continue
+                st = os.stat(real)
+                paths.append(rel)
+                sizes.append(st.st_size)
+                mtimes.append(st.st_mtime_ns)
+        if not paths:
+            raise CatalogError(f"dataset at {root} has no samples"
+                               + (f" with extensions {list(extensions)}" if extensions else ""))
+        labels = None
+        if all("/" in p for p in paths):
+            classes = sorted({p.split("/", 1)[0] for p in paths})
+            index = {c: i for i, c in enumerate(classes)}
+            labels = [index[p.split("/", 1)[0]] for p in paths]
+        return Listing(paths, sizes, labels, mtimes)

@@ -1,0 +1,68 @@
+"""Publishing a fetched file in node-local storage: whole and checked, or not at all.
+
+Every source writes a file the same way: under a hidden temporary name in the
+target directory, its size checked against the catalog, then renamed (atomic
+within a file system). A reader can therefore never see a partial file, even
+after a crash, and a failed fetch leaves nothing behind.
+"""
+
+import errno
+import os
+import threading
+
+
+class SourceChanged(OSError):
+    """The source item's size or modification time differs from the catalog's."""
+
+
+def already_published(dst_root, rel, size, mtime_ns):
+    """Whether a published copy matches the catalog's size and modification time."""
+    try:
+        st = os.stat(os.path.join(dst_root, rel))
+    except FileNotFoundError:
+        return False
+    return st.st_size == size and (mtime_ns is None or st.st_mtime_ns == mtime_ns)
+
+
+def publish(dst_root, rel, expected_size, fill, times_ns=None):
+    """Writes ``dst_root/rel`` through ``fill`` and publishes it atomically.
+
+    Args:
+        dst_root: Root of the node-local staging directory.
+        rel: Relative path of the item.
+        expected_size: Size recorded in the catalog.
+        fill: Callable ``(fd) -> bytes_written`` that writes the content.
+        times_ns: ``(atime_ns, mtime_ns)`` to give the copy (the source's, so
+            a kept copy is reused only while the source is unchanged), or None.
+
+    Returns:
+        Bytes written.
+
+    Raises:
+        SourceChanged: If ``fill`` wrote another number of bytes than expected.
+        OSError: From the file system (ENOSPC, ...); the temporary file is
+            removed first.
+    """
+    dst = os.path.join(dst_root, rel)
+    directory, name = os.path.split(dst)
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    tmp = os.path.join(directory, f".{name}.{os.getpid()}.{threading.get_ident()}.part")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            written = fill(fd)
+        finally:
+            os.close(fd)
+        if written != expected_size:
+            raise SourceChanged(errno.EIO, f"copied {written} bytes, catalog says {expected_size}: "
+                                           "the source changed during the copy")
+        if times_ns is not None:
+            os.utime(tmp, ns=times_ns)
+        os.rename(tmp, dst)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    return written
