@@ -44,7 +44,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 # constraints.txt keeps torch, Chainer and numpy 1 installable together; it
 # must reach the isolated build of Chainer's sdist too, and that build needs
-# the standard library's distutils (../shared/ENVIRONMENT.md).
+# the standard library's distutils.
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_CONSTRAINT="$PWD/constraints.txt"
 export PIP_BUILD_CONSTRAINT="$PWD/constraints.txt" SETUPTOOLS_USE_DISTUTILS=stdlib
 .venv/bin/python -m pip install -q --upgrade pip "setuptools>=77.0.3,<81" wheel

@@ -195,8 +195,8 @@ class Coordinator:
             self.results[msg.seq] = Batch(mb.epoch, mb.step, mb.indices, msg.samples, times, mb.end, mb.last)
             while self.emit_ptr in self.results:
                 batch = self.results.pop(self.emit_ptr)
+                telemetry.record(tm.DELIVERED, self.emit_ptr, len(batch.samples))  # before the consumer can see it
                 self.ch.out.put((self.emit_ptr, batch))
-                telemetry.record(tm.DELIVERED, self.emit_ptr, len(batch.samples))
                 self.emit_ptr += 1
         elif isinstance(msg, Consumed):
             self.consumed = max(self.consumed, msg.seq + 1)

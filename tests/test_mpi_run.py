@@ -139,3 +139,33 @@ def test_one_rank_failing_mid_epoch_ends_the_job(tmp_path):
     assert "injected failure on rank 2" in proc.stderr
     assert "aborting the MPI job" in proc.stderr
     assert_nothing_left(tmp_path, job)
+
+
+def test_a_run_saved_on_one_rank_resumes_on_four_at_the_same_global_position(tmp_path):
+    job = write_job(tmp_path)
+    state = tmp_path / "state.json"
+    first = mpirun(LAYOUTS["1 rank"], ["run", job, "--quiet", "--record", str(tmp_path / "rec1"),
+                                       "--set", f"run.state_file={state}", "--set", "run.max_batches=5"], tmp_path)
+    assert first.returncode == 0, first.stderr
+    saved = json.loads(state.read_text())
+    assert (saved["epoch"], saved["position"]) == (0, 5 * 8)
+    second = mpirun(LAYOUTS["4 ranks on 2 nodes"], ["run", job, "--quiet", "--record", str(tmp_path / "rec2"),
+                                                    "--set", f"run.state_file={state}"], tmp_path)
+    assert second.returncode == 0, second.stderr
+    assert not state.exists() and not list(tmp_path.glob("state.json*")), "a completed run removes its state"
+    reads, _ = read_records(tmp_path / "rec2")
+    assert sorted(reads) == [0, 1, 2, 3]
+    steps = {len(lines) for lines in reads.values()}
+    assert len(steps) == 1, "every rank must resume with the same number of steps"
+    catalog = Catalog.from_manifest(str(tmp_path / "data"), "manifest.tsv")
+    cfg = PlanConfig(batch_size=8, epochs=2, seed=7)
+    for r, lines in reads.items():
+        expected = [(m.epoch, m.step, [catalog.path(i) for i in m.indices])
+                    for m in plan.iterate(SAMPLES, cfg, 0, 5 * 8, rank=r, size=4)]
+        assert [(x["epoch"], x["step"], x["samples"]) for x in lines] == expected
+    (done,) = read_records(tmp_path / "rec1")[0].values()
+    resumed_epoch0 = [p for r in range(4) for x in reads[r] if x["epoch"] == 0 for p in x["samples"]]
+    first_epoch0 = [p for x in done for p in x["samples"]]
+    assert sorted(first_epoch0 + resumed_epoch0) == sorted(catalog.paths()), \
+        "the first run and the resumed one together read epoch 0 exactly once"
+    assert_nothing_left(tmp_path, job)

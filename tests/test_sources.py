@@ -1,0 +1,26 @@
+"""The source room: choosing a source by scheme, and the POSIX source's fetch."""
+
+import os
+
+import pytest
+
+from stager.errors import ConfigError
+from stager.sources import PosixSource, SourceChanged, open_source
+
+
+def test_a_plain_path_or_file_url_is_a_posix_source_and_other_schemes_are_named(tmp_path):
+    assert isinstance(open_source(str(tmp_path)), PosixSource)
+    assert open_source(f"file://{tmp_path}").root == str(tmp_path)
+    with pytest.raises(ConfigError, match=r"no source for scheme 'gopher'.*file://"):
+        open_source("gopher://host/data")
+
+
+def test_a_source_that_changed_size_is_refused_and_nothing_is_published(tmp_path):
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "x.bin").write_bytes(b"abc")
+    source = PosixSource(str(tmp_path / "src"))
+    with pytest.raises(SourceChanged, match="catalog says 5"):
+        source.fetch("x.bin", 5, None, str(tmp_path / "dst"))
+    assert not os.path.exists(tmp_path / "dst" / "x.bin")
+    assert source.fetch("x.bin", 3, None, str(tmp_path / "dst")) == 3
+    assert source.describe("x.bin") == str(tmp_path / "src" / "x.bin")
