@@ -87,9 +87,16 @@ class StageTask:
     files: List[Tuple[int, str, int, Optional[int]]]
 
 
+NO_SPACE = -1  # in ``Staged.done``: the local file system was full; nothing was published
+
+
 @dataclass(frozen=True, slots=True)
 class Staged:
-    """A prefetcher finished ``task``: ``done`` holds ``(index, bytes_fetched)``, 0 for a file already there."""
+    """A prefetcher finished ``task``: ``done`` holds ``(index, bytes_fetched)``.
+
+    ``bytes_fetched`` is 0 for a file already there, ``NO_SPACE`` for one the
+    local file system had no room for (the service makes room and retries).
+    """
 
     task: int
     worker: int

@@ -36,6 +36,7 @@ import weakref
 
 from . import plan as planlib
 from . import telemetry as tm
+from .cache import check_window, resolve_capacity
 from .catalog import Catalog, broadcast_catalog
 from .coordinator import END, Batch, Channels, Coordinator
 from .errors import StageError
@@ -142,14 +143,13 @@ class Pipeline:
                 self._jobdir = JobDir(self._staging, self.catalog.root, agreed_job_id(self._staging, world), world)
                 self._jobdirs.append(self._jobdir)
                 self.local_dir = self._jobdir.path
-                read_root = self._connect_service(ctx)
+                read_root = self._connect_service(ctx, getattr(spec, "batch_size", self._plan_cfg.batch_size))
                 ch.send(Hello(world.rank, spec))
             ch.readers = WorkerPool(ctx, "read", "stager-read", self._reader.workers, reader_main,
                                     (read_root, self._loader, {"hdf5_key": self._dataset.hdf5_key}),
                                     recv=wire_recv)
         read_ahead = self._reader.ahead or 2 * self._reader.workers
-        coordinator = Coordinator(ch, minibatches, self.catalog, self.stats.telemetry, self._staging.lookahead,
-                                  read_ahead)
+        coordinator = Coordinator(ch, minibatches, self.catalog, self.stats.telemetry, self._ahead(), read_ahead)
         self._coordinator = threading.Thread(target=coordinator.run, name="stager-coordinator", daemon=True)
         self._coordinator.start()
 
@@ -162,8 +162,16 @@ class Pipeline:
             return plan, iter(plan.minibatches(rank))
         return None, iter(plan)
 
-    def _connect_service(self, ctx):
+    def _ahead(self):
+        """Minibatches the coordinator asks for past the consumer (staged, not yet read)."""
+        return max(self._staging.lookahead, self._reader.ahead or 2 * self._reader.workers)
+
+    def _connect_service(self, ctx, batch_size):
         """Starts (leader) or joins (other ranks) the node's staging service.
+
+        Args:
+            ctx: The multiprocessing context.
+            batch_size: Samples per minibatch on one rank (for the window's size).
 
         Returns:
             The node-local directory to read staged files from.
@@ -173,9 +181,12 @@ class Pipeline:
 
         def start_service():
             path = self._jobdir.create()
+            ranks = world.local_size if shared else 1
+            capacity = resolve_capacity(self._staging.capacity, path)
+            window = check_window(capacity, self.catalog.sizes, batch_size, self._ahead(), ranks)
             ch.service = StagingService(self._staging, self._processes, self.catalog, open_source(self.catalog.root),
-                                        path, world.local_size - 1 if shared else 0, self.stats.telemetry,
-                                        self._on_staged, self._jobdir.keep_open())
+                                        path, ranks - 1, self.stats.telemetry, self._on_staged,
+                                        self._jobdir.keep_open(), capacity, window)
             ch.client = ch.service.start(ctx)
             return path, ch.service.address, ch.service.authkey
 

@@ -27,6 +27,7 @@ import queue
 import secrets
 import threading
 
+from .cache import policy_name
 from .messages import Failure
 from .service_loop import ServiceLoop
 from .workerpool import Wake, WorkerPool
@@ -48,11 +49,16 @@ class StagingService:
         telemetry: The leader pipeline's ``Telemetry``; staging events go there.
         on_staged: Optional callable ``(relpath, bytes, epoch)`` per file copied.
         keep_fds: Descriptors the prefetchers keep open (see ``WorkerPool``).
+        capacity: Bytes the job directory may hold, or None.
+        window: Bytes the node's look-ahead window may pin at once.
     """
 
     def __init__(self, staging, processes, catalog, source, local_dir, remote_clients, telemetry, on_staged=None,
-                 keep_fds=()):
+                 keep_fds=(), capacity=None, window=0):
         self.staging = staging
+        self.capacity = capacity
+        self.window = window
+        self.policy = policy_name(staging.cache_policy, capacity)
         self.shutdown_timeout_s = processes.shutdown_timeout_s
         self.catalog = catalog
         self.source = source

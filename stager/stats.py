@@ -40,11 +40,16 @@ class Stats:
         files_staged: Files copied to node-local storage.
         bytes_staged: Bytes copied to node-local storage.
         files_present: Files found already staged (a kept directory).
+        cache: On the node leader, per epoch: the node cache's ``hits`` (files
+            already local or on their way when a minibatch asked for them),
+            ``misses``, ``files_from_source``/``bytes_from_source``,
+            ``evictions``/``bytes_evicted`` and ``peak_bytes``.
     """
 
     def __init__(self):
         self.batches = self.samples = self.files_staged = self.bytes_staged = self.files_present = 0
         self.stall_s = self.prefetch_s = self.read_s = 0.0
+        self.cache = {}
         self.started = time.perf_counter()
         self._lock = threading.Lock()
         self.telemetry = tm.Telemetry(on_event=self._on_event)
@@ -59,12 +64,37 @@ class Stats:
                 if b:
                     self.files_staged += 1
                     self.bytes_staged += b
+                    epoch = self._epoch(int(value))
+                    epoch["files_from_source"] += 1
+                    epoch["bytes_from_source"] += b
                 else:
                     self.files_present += 1
+            elif kind == tm.REQUEST:
+                epoch = self._epoch(a)
+                epoch["hits"] += b
+                epoch["misses"] += int(value)
+            elif kind == tm.EVICTED:
+                epoch = self._epoch(int(value))
+                epoch["evictions"] += 1
+                epoch["bytes_evicted"] += b
+            elif kind == tm.USAGE:
+                epoch = self._epoch(a)
+                epoch["peak_bytes"] = max(epoch["peak_bytes"], b)
             elif kind == tm.TASK:
                 self.prefetch_s += value
             elif kind == tm.READ:
                 self.read_s += value
+
+    def _epoch(self, epoch):
+        if epoch not in self.cache:
+            self.cache[epoch] = dict.fromkeys(("hits", "misses", "files_from_source", "bytes_from_source",
+                                               "evictions", "bytes_evicted", "peak_bytes"), 0)
+        return self.cache[epoch]
+
+    def cache_table(self):
+        """The node cache's counters, one dictionary per epoch (node leader; empty elsewhere)."""
+        with self._lock:
+            return [dict(epoch=e, **self.cache[e]) for e in sorted(self.cache)]
 
     def summary(self, wall_s=None):
         """Totals as a JSON-ready dictionary, with rates over ``wall_s``."""
@@ -82,4 +112,5 @@ class Stats:
                 "samples_per_s": round(self.samples / wall, 2) if wall > 0 else 0.0,
                 "prefetch_busy_s": round(self.prefetch_s, 4),
                 "read_busy_s": round(self.read_s, 4),
+                "cache": [dict(epoch=e, **self.cache[e]) for e in sorted(self.cache)],
             }

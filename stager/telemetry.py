@@ -12,13 +12,16 @@ mean depends on the kind:
 kind           a                    b                   value
 =============  ===================  ==================  ==========================
 ``NEEDED``     rank's minibatch seq  files in it        0
-``QUEUED``     first task id        tasks queued        0 (service: files missing)
-``STAGED``     catalog index        bytes (0: present)  0
+``QUEUED``     first task id        tasks queued        files missing
+``STAGED``     catalog index        bytes (0: present)  epoch of the task
 ``TASK``       task id              files in it         prefetcher seconds
 ``READY``      seq                  0                   prefetch seconds for it
 ``READ``       seq                  samples             reader seconds
 ``DELIVERED``  seq                  samples             0
 ``CONSUMED``   seq                  samples             seconds the consumer waited
+``REQUEST``    epoch                files local (hits)  files to fetch (misses)
+``EVICTED``    catalog index        bytes               epoch being requested
+``USAGE``      epoch                bytes (a new peak)  0
 =============  ===================  ==================  ==========================
 """
 
@@ -26,8 +29,9 @@ import threading
 import time
 from array import array
 
-NEEDED, QUEUED, STAGED, TASK, READY, READ, DELIVERED, CONSUMED = range(8)
-KINDS = ("needed", "queued", "staged", "task", "ready", "read", "delivered", "consumed")
+NEEDED, QUEUED, STAGED, TASK, READY, READ, DELIVERED, CONSUMED, REQUEST, EVICTED, USAGE = range(11)
+KINDS = ("needed", "queued", "staged", "task", "ready", "read", "delivered", "consumed", "request", "evicted",
+         "usage")
 
 
 class _Columns:

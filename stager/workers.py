@@ -9,13 +9,14 @@ worker then waits to be stopped rather than exiting, so the report cannot be
 lost.
 """
 
+import errno
 import os
 import queue
 import time
 
 from . import wire
 from .loaders import make_loader
-from .messages import Decoded, Failure, Staged
+from .messages import NO_SPACE, Decoded, Failure, Staged
 
 POLL_S = 0.5
 
@@ -47,7 +48,12 @@ def prefetcher_main(worker, parent_pid, tasks, reply, stop, source, dst_root):
         rel = None
         try:
             for index, rel, size, mtime_ns in task.files:
-                done.append((index, source.fetch(rel, size, mtime_ns, dst_root)))
+                try:
+                    done.append((index, source.fetch(rel, size, mtime_ns, dst_root)))
+                except OSError as exc:
+                    if exc.errno != errno.ENOSPC:
+                        raise
+                    done.append((index, NO_SPACE))  # nothing published; the service makes room and retries
         except Exception as exc:  # reported with its context, then we wait to be stopped
             reply.send(Failure.from_exception("prefetch", worker, exc, task.epoch, task.step, rel,
                                               f"cannot stage {source.describe(rel or '')}: "

@@ -4,12 +4,22 @@ Lives in the node service's thread (one writer, no lock). A file is
 ``ABSENT``, ``IN_FLIGHT`` (a prefetcher is fetching it) or ``STAGED``
 (published in the job directory). A minibatch pins its files from the
 moment a rank asks for it until the rank has read it; a pinned file is never
-removed. When a file's last pin goes, the policy decides whether it stays.
+removed. When a file's last pin goes, the policy decides whether it stays;
+when a fetch needs room, the policy chooses which unpinned files go.
+
+Bytes are counted exactly: ``used`` is every staged file plus every file
+being fetched (its temporary copy grows toward its size), and a fetch starts
+only once ``used`` plus its size fits the capacity.
 """
+
+import logging
 
 import numpy as np
 
+from .future import Future
 from .policies import make_policy
+
+log = logging.getLogger(__name__)
 
 ABSENT, IN_FLIGHT, STAGED = 0, 1, 2
 
@@ -20,42 +30,81 @@ class Cache:
     Args:
         sizes: Catalog sizes in bytes (int64 array).
         policy: A policy name (``cache.policies``).
+        capacity: Bytes the job directory may hold, or None (unbounded).
+        window: Bytes the look-ahead window may pin at once (``capacity.window_bytes``).
 
     Attributes:
         state: Per file: ``ABSENT``, ``IN_FLIGHT`` or ``STAGED``.
         pins: Per file: minibatches in flight or being read that need it.
         staged_bytes: Bytes of the files published here.
         in_flight_bytes: Bytes of the files being fetched.
-        plans: Per rank of the node, what it will read (``plan.PlanSpec``),
-            or None when only the rank knows (a custom order sampler).
+        admitted_at: Per file, the tick it was last staged (FIFO's order).
+        used_at: Per file, the tick it was last read (LRU's order).
+        future: Every rank's future reads (``Future``), for a clairvoyant policy.
     """
 
-    def __init__(self, sizes, policy="unbounded"):
+    def __init__(self, sizes, policy="unbounded", capacity=None, window=0):
         self.sizes = np.asarray(sizes, dtype=np.int64)
-        self.state = np.zeros(len(self.sizes), dtype=np.uint8)
-        self.pins = np.zeros(len(self.sizes), dtype=np.int32)
+        n = len(self.sizes)
+        self.state = np.zeros(n, dtype=np.uint8)
+        self.pins = np.zeros(n, dtype=np.int32)
+        self.admitted_at = np.zeros(n, dtype=np.int64)
+        self.used_at = np.zeros(n, dtype=np.int64)
+        self.capacity = capacity
+        self.window = window
         self.staged_bytes = 0
         self.in_flight_bytes = 0
+        self.future = Future()
         self.policy = make_policy(policy)
-        self.plans = {}
+        self._tick = 0
+
+    @property
+    def used(self):
+        """Bytes staged or being fetched."""
+        return self.staged_bytes + self.in_flight_bytes
 
     def add_plan(self, rank, spec):
         """Records what ``rank`` will read, so a policy can know each file's next use."""
-        self.plans[rank] = spec
+        if self.policy.name != "clairvoyant":
+            return  # only it looks ahead: evaluating plans would cost for nothing
+        self.future.add(rank, spec)
+        if self.future.unknown:
+            log.warning("stager: rank %s's order is known only to its front end (a custom order sampler), so "
+                        "the cache cannot see the future: staging.cache_policy clairvoyant falls back to lru", rank)
+            self.policy = make_policy("lru")
 
-    def request(self, indices):
-        """A minibatch needs ``indices``: pins each distinct file once.
+    def pin(self, indices):
+        """A minibatch needs ``indices`` (distinct): pins them.
 
         Returns:
-            ``(missing, waiting)``: files to fetch now (marked in flight), and
-            every distinct file not yet staged (the minibatch waits for them).
+            ``(missing, waiting)``: files absent (to fetch), and every file not
+            yet staged (the minibatch waits for them).
         """
-        unique = np.unique(indices)
-        self.pins[unique] += 1
-        missing = unique[self.state[unique] == ABSENT]
-        self.state[missing] = IN_FLIGHT
-        self.in_flight_bytes += int(self.sizes[missing].sum())
-        return missing, unique[self.state[unique] != STAGED]
+        self.pins[indices] += 1
+        return indices[self.state[indices] == ABSENT], indices[self.state[indices] != STAGED]
+
+    def room_for(self, nbytes):
+        """Makes room for ``nbytes`` more, with the policy's help.
+
+        Returns:
+            The files to remove first (the caller deletes them and calls
+            ``removed``), or None when not enough unpinned files can go yet.
+        """
+        if self.capacity is None or self.used + nbytes <= self.capacity:
+            return []
+        need = self.used + nbytes - self.capacity
+        victims = list(self.policy.victims(self, need))
+        freed = int(self.sizes[victims].sum()) if victims else 0
+        return victims if freed >= need else None
+
+    def evictable(self):
+        """Unpinned staged files: those a policy may remove."""
+        return np.flatnonzero((self.state == STAGED) & (self.pins == 0))
+
+    def fetching(self, indices):
+        """Fetches of ``indices`` start."""
+        self.state[indices] = IN_FLIGHT
+        self.in_flight_bytes += int(self.sizes[indices].sum())
 
     def staged(self, index):
         """A prefetcher published file ``index``."""
@@ -64,6 +113,14 @@ class Cache:
             self.in_flight_bytes -= size
             self.staged_bytes += size
         self.state[index] = STAGED
+        self._tick += 1
+        self.admitted_at[index] = self._tick
+
+    def not_fetched(self, index):
+        """A fetch of ``index`` ended without a file (no room on the disk): it is absent again."""
+        if self.state[index] == IN_FLIGHT:
+            self.in_flight_bytes -= int(self.sizes[index])
+        self.state[index] = ABSENT
 
     def release(self, indices):
         """A minibatch that pinned ``indices`` (distinct files) was read.
@@ -73,8 +130,10 @@ class Cache:
             ``removed``.
         """
         self.pins[indices] -= 1
+        self._tick += 1
+        self.used_at[indices] = self._tick
         free = indices[self.pins[indices] == 0]
-        return self.policy.released(self, free) if len(free) else []
+        return list(self.policy.released(self, free)) if len(free) else []
 
     def removed(self, index):
         """File ``index`` was deleted from the job directory."""

@@ -94,8 +94,14 @@ class StagingConfig:
             minibatch's missing files spread over all prefetchers, so the
             first minibatch is ready after a few opens, not a whole batch.
         keep: Keep the job's staging directory after the run.
-        cache_policy: Which files stay local once read (``cache.policies``):
-            ``unbounded`` keeps every file until the job ends.
+        capacity: Bytes the node's job directory may hold, all its ranks
+            together: a number, ``500M``/``200G`` (powers of 1024), or
+            ``80%`` of the local file system's free space at start. None:
+            unbounded.
+        cache_policy: Which files stay local once read, and which go when
+            room is needed (``cache.policies``): ``clairvoyant``, ``lru``,
+            ``fifo``, ``minio``, ``none``, ``unbounded``; ``auto`` is
+            ``clairvoyant`` with a capacity, ``unbounded`` without.
     """
 
     enabled: bool = True
@@ -105,13 +111,18 @@ class StagingConfig:
     lookahead: int = 16
     files_per_task: int = 0
     keep: bool = False
-    cache_policy: str = "unbounded"
+    capacity: Optional[str] = None
+    cache_policy: str = "auto"
 
     def __post_init__(self):
-        from ..cache.policies import POLICIES  # the registry lives with the cache
+        from ..cache import POLICIES, parse_capacity  # the registry and the rule live with the cache
 
-        require(self.cache_policy in POLICIES, f"staging.cache_policy must be one of {sorted(POLICIES)}, "
-                                               f"not {self.cache_policy!r}")
+        require(self.cache_policy == "auto" or self.cache_policy in POLICIES,
+                f"staging.cache_policy must be auto or one of {sorted(POLICIES)}, not {self.cache_policy!r}")
+        parse_capacity(self.capacity)
+        require(not (self.capacity and self.cache_policy == "unbounded"),
+                "staging.cache_policy 'unbounded' cannot keep to staging.capacity; choose clairvoyant, lru, fifo, "
+                "minio or none (or auto)")
         require(self.prefetchers >= 1, "staging.prefetchers must be at least 1")
         require(self.lookahead >= 1, "staging.lookahead must be at least 1")
         require(self.files_per_task >= 0, "staging.files_per_task must be 0 (automatic) or more")

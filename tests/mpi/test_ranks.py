@@ -159,3 +159,71 @@ def test_each_ranks_torch_loader_reads_its_share(world, shared_dir):
     expected = sorted(open(os.path.join(data, catalog.path(i)), "rb").read() for i in range(len(catalog)))
     assert sorted(raw for share in everyone for raw in share) == expected
     assert len({len(share) for share in everyone}) == 1 and steps > 0
+
+
+def _usage(directory):
+    total = 0
+    for d, _, files in os.walk(directory):
+        for f in files:
+            if f.startswith((".lock", ".service")):
+                continue
+            try:
+                total += os.path.getsize(os.path.join(d, f))
+            except FileNotFoundError:
+                pass  # removed meanwhile by the cache
+    return total
+
+
+@pytest.fixture
+def size_limited_local(world, shared_dir):
+    """A tmpfs (root) as every node's local storage: it refuses to hold more than two nodes' capacity."""
+    path = os.path.join(shared_dir, "nvme")
+    mounted = False
+    if world.rank == 0:
+        os.mkdir(path)
+        if os.geteuid() == 0:
+            import subprocess
+            mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", path]).returncode == 0
+    world.comm.Barrier()
+    yield path
+    world.comm.Barrier()
+    if mounted:
+        import subprocess
+        subprocess.run(["umount", path], check=True)
+
+
+def test_a_bounded_cache_over_four_epochs_delivers_every_sample_and_stays_under_capacity(
+        world, shared_dir, size_limited_local):
+    data = os.path.join(shared_dir, "data")
+    catalog = Catalog.from_manifest(data, "manifest.tsv")
+    share = len(catalog) * world.local_size // world.size  # files one node reads per epoch
+    capacity = int(catalog.sizes.max()) * share // 2
+    cfg = config_from_dict({
+        "dataset": {"source": data, "manifest": "manifest.tsv", "loader": "raw"},
+        "plan": {"batch_size": 4, "epochs": 4, "seed": 5},
+        "staging": {"local_dir": size_limited_local, "prefetchers": 2, "lookahead": 1, "capacity": capacity},
+        "reader": {"workers": 1, "ahead": 1},
+    })
+    peak = 0
+    with Pipeline(cfg, world=world) as pipe:
+        mine = []
+        for b in pipe:
+            mine.append((b.epoch, b.step, b.indices.tolist()))
+            for i, (payload, _) in zip(b.indices, b.samples):
+                with open(os.path.join(data, catalog.path(i)), "rb") as fh:
+                    assert payload == fh.read(), f"rank {world.rank}: {catalog.path(i)} differs from the source"
+            peak = max(peak, _usage(pipe.local_dir))
+        table = pipe.stats.cache_table()
+    everyone = world.comm.allgather(mine)
+    peaks = world.comm.allgather(peak)
+    world.comm.Barrier()
+    assert mine == [(m.epoch, m.step, m.indices.tolist())
+                    for m in plan.iterate(len(catalog), cfg.plan, rank=world.rank, size=world.size)]
+    for epoch in range(4):
+        counts = Counter(i for seq in everyone for e, _, idx in seq if e == epoch for i in idx)
+        assert sorted(counts) == list(range(len(catalog)))
+    assert max(peaks) <= capacity, f"a node's job directory held {max(peaks)} bytes, capacity {capacity}"
+    if world.local_rank == 0:
+        assert len(table) == 4 and all(e["peak_bytes"] <= capacity for e in table)
+        assert sum(e["misses"] for e in table[1:]) < 3 * share, "later epochs must reuse some staged files"
+    assert os.listdir(size_limited_local) == []

@@ -10,14 +10,26 @@ Interface of a policy object:
 
 - ``released(cache, indices)``: files that just lost their last pin; returns
   those to remove now.
-- ``victims(cache, nbytes)``: returns unpinned local files to remove so that
-  ``nbytes`` more fit.
+- ``victims(cache, nbytes)``: returns unpinned local files (``cache.evictable()``)
+  to remove so that ``nbytes`` more fit; fewer when it cannot free that much.
 """
 
 from ...errors import ConfigError
+from .clairvoyant import Clairvoyant
+from .minio import MinIO
+from .none import CacheFull, NoEviction
+from .recency import FIFO, LRU
 from .unbounded import Unbounded
 
-POLICIES = {"unbounded": Unbounded}
+POLICIES = {"clairvoyant": Clairvoyant, "lru": LRU, "fifo": FIFO, "minio": MinIO, "none": NoEviction,
+            "unbounded": Unbounded}
+
+
+def policy_name(configured, capacity):
+    """The policy ``staging.cache_policy`` means: ``auto`` is clairvoyant with a capacity, else unbounded."""
+    if configured == "auto":
+        return "unbounded" if capacity is None else "clairvoyant"
+    return configured
 
 
 def make_policy(name):
@@ -31,3 +43,6 @@ def make_policy(name):
     except KeyError:
         raise ConfigError(f"staging.cache_policy: unknown policy {name!r}; known: {', '.join(sorted(POLICIES))}") \
             from None
+
+
+__all__ = ["CacheFull", "POLICIES", "make_policy", "policy_name"]

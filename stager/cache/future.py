@@ -1,0 +1,120 @@
+"""Each file's next use by the node's ranks, evaluated from their plan descriptions.
+
+Every rank's ``Hello`` carries what it will read (``plan.PlanSpec`` or
+``StreamSpec``); evaluating it gives, per epoch, the sequence number at which
+the rank reads each of its files. Only a horizon of the future is held: a
+few epochs per rank, sorted index arrays (12 bytes an entry), extended as the
+rank advances. Where the horizon reaches the end of every rank's plan,
+"no next use" means never again.
+"""
+
+import math
+
+import numpy as np
+
+# Entries (file reads) held across all ranks' horizons at most, beyond the
+# two chunks each rank always holds: about 50 MB; and epochs ahead per rank,
+# so an endless plan of a small dataset is not evaluated far for nothing.
+_BUDGET = 1 << 22
+_MAX_CHUNKS = 64
+
+
+class _Chunk:
+    __slots__ = ("first", "last", "index", "seq")
+
+    def __init__(self, first, last, index, seq):
+        self.first, self.last, self.index, self.seq = first, last, index, seq
+
+
+class _RankFuture:
+    """One rank's reads, one epoch per chunk, evaluated lazily."""
+
+    def __init__(self, spec, rank):
+        self._minibatches = iter(spec.minibatches(rank))
+        self._pending = None   # the first minibatch of the next chunk, already taken
+        self._seq = 0
+        self.chunks = []
+        self.exhausted = False
+        self.now = -1          # the latest sequence number the rank asked for
+
+    def load_chunk(self):
+        """Evaluates the next epoch's minibatches into a chunk; False at the plan's end."""
+        mb = self._pending or next(self._minibatches, None)
+        self._pending = None
+        if mb is None:
+            self.exhausted = True
+            return False
+        epoch, first, parts, seqs = mb.epoch, self._seq, [], []
+        while mb is not None and mb.epoch == epoch:
+            parts.append(mb.indices)
+            seqs.append(np.full(len(mb.indices), self._seq, dtype=np.int64))
+            self._seq += 1
+            mb = next(self._minibatches, None)
+        self._pending = mb
+        if mb is None:
+            self.exhausted = True
+        index, seq = np.concatenate(parts), np.concatenate(seqs)
+        order = np.lexsort((seq, index))  # by file, then by time: the first read of a file comes first
+        index, seq = index[order], seq[order]
+        keep = np.ones(len(index), dtype=bool)
+        keep[1:] = index[1:] != index[:-1]
+        self.chunks.append(_Chunk(first, self._seq - 1, index[keep], seq[keep]))
+        return True
+
+
+class Future:
+    """The node's future reads, for a clairvoyant policy.
+
+    Attributes:
+        unknown: Some rank's order is known only to its front end (no description).
+    """
+
+    def __init__(self):
+        self._ranks = {}
+        self.unknown = False
+
+    def add(self, rank, spec):
+        """Records what ``rank`` will read; a ``spec`` without ``minibatches`` leaves the future unknown."""
+        if spec is None or not hasattr(spec, "minibatches"):
+            self.unknown = True
+            return
+        self._ranks[rank] = _RankFuture(spec, rank)
+        self._extend()
+
+    def advance(self, rank, seq):
+        """``rank`` asked for its minibatch ``seq``: forget what lies behind it."""
+        future = self._ranks.get(rank)
+        if future is None or seq <= future.now:
+            return
+        future.now = seq
+        while future.chunks and future.chunks[0].last < seq:
+            future.chunks.pop(0)
+        self._extend()
+
+    def _extend(self):
+        held = sum(len(c.index) for f in self._ranks.values() for c in f.chunks)
+        for future in self._ranks.values():
+            while not future.exhausted and (len(future.chunks) < 2 or (held < _BUDGET
+                                                                      and len(future.chunks) < _MAX_CHUNKS)):
+                if not future.load_chunk():
+                    break
+                held += len(future.chunks[-1].index)
+
+    @property
+    def complete(self):
+        """Whether every rank's whole remaining plan is in the horizon (no next use = never)."""
+        return not self.unknown and all(f.exhausted for f in self._ranks.values())
+
+    def next_use(self, indices):
+        """Minibatches until each file's next read by any rank of the node (``inf``: not in the horizon)."""
+        indices = np.asarray(indices, dtype=np.int64)
+        best = np.full(len(indices), math.inf)
+        for future in self._ranks.values():
+            mine = np.full(len(indices), math.inf)
+            for chunk in future.chunks:
+                pos = np.searchsorted(chunk.index, indices)
+                pos[pos == len(chunk.index)] = 0
+                hit = (chunk.index[pos] == indices) & (chunk.seq[pos] > future.now) & np.isinf(mine)
+                mine[hit] = chunk.seq[pos[hit]] - future.now
+            np.minimum(best, mine, out=best)
+        return best
