@@ -26,6 +26,10 @@ def _cmd_run(args):
     print(f"{s['mode']}{ranks}: {s['batches']} minibatches, {s['samples']} samples in {s['wall_s']:.2f} s "
           f"({s['samples_per_s']:.1f} samples/s); stalled {s['stall_s']:.2f} s ({s['stall_fraction']:.1%}); "
           f"staged {s['files_staged']} files, {s['bytes_staged'] / 1e6:.1f} MB")
+    cache = s.get("cache") or []
+    if any(e["evictions"] for e in cache):
+        print("node cache: " + "; ".join(f"epoch {e['epoch']}: {e['hits']} hits, {e['misses']} misses, "
+                                          f"{e['evictions']} evicted" for e in cache))
     if args.report:
         print(f"report written to {args.report}")
     return 0

@@ -36,10 +36,10 @@ import weakref
 
 from . import plan as planlib
 from . import telemetry as tm
-from .cache import check_window, resolve_capacity
+from .cache import Cache, check_window, policy_name, resolve_capacity
 from .catalog import Catalog, broadcast_catalog
 from .coordinator import END, Batch, Channels, Coordinator
-from .errors import StageError
+from .errors import ConfigError, StageError
 from .jobdir import JobDir, agreed_job_id
 from .messages import Bye, Consumed, Fail, Hello
 from .service import StagingService
@@ -137,13 +137,17 @@ class Pipeline:
             self.catalog = broadcast_catalog(world.comm, lambda: Catalog.load(self._dataset))
         spec, minibatches = self._rank_plan()
         ch, ctx = self._ch, multiprocessing.get_context(self._processes.start_method)
+        source = open_source(self.catalog.root)
         with children_skip_mpi(self._processes.start_method):
-            read_root = self.catalog.root
+            read_root = source.local_root  # staging off: readers open the source's items in place
+            if read_root is None and not self._staging.enabled:
+                raise ConfigError(f"staging.enabled is false, but {self.catalog.root} holds no files readers can "
+                                  "open in place: enable staging")
             if self._staging.enabled:
                 self._jobdir = JobDir(self._staging, self.catalog.root, agreed_job_id(self._staging, world), world)
                 self._jobdirs.append(self._jobdir)
                 self.local_dir = self._jobdir.path
-                read_root = self._connect_service(ctx, getattr(spec, "batch_size", self._plan_cfg.batch_size))
+                read_root = self._connect_service(ctx, source, getattr(spec, "batch_size", self._plan_cfg.batch_size))
                 ch.send(Hello(world.rank, spec))
             ch.readers = WorkerPool(ctx, "read", "stager-read", self._reader.workers, reader_main,
                                     (read_root, self._loader, {"hdf5_key": self._dataset.hdf5_key}),
@@ -166,11 +170,12 @@ class Pipeline:
         """Minibatches the coordinator asks for past the consumer (staged, not yet read)."""
         return max(self._staging.lookahead, self._reader.ahead or 2 * self._reader.workers)
 
-    def _connect_service(self, ctx, batch_size):
+    def _connect_service(self, ctx, source, batch_size):
         """Starts (leader) or joins (other ranks) the node's staging service.
 
         Args:
             ctx: The multiprocessing context.
+            source: The ``Source`` the prefetchers fetch from.
             batch_size: Samples per minibatch on one rank (for the window's size).
 
         Returns:
@@ -184,9 +189,9 @@ class Pipeline:
             ranks = world.local_size if shared else 1
             capacity = resolve_capacity(self._staging.capacity, path)
             window = check_window(capacity, self.catalog.sizes, batch_size, self._ahead(), ranks)
-            ch.service = StagingService(self._staging, self._processes, self.catalog, open_source(self.catalog.root),
-                                        path, ranks - 1, self.stats.telemetry, self._on_staged,
-                                        self._jobdir.keep_open(), capacity, window)
+            cache = Cache(self.catalog.sizes, policy_name(self._staging.cache_policy, capacity), capacity, window)
+            ch.service = StagingService(self._staging, self._processes, self.catalog, source, path, ranks - 1,
+                                        self.stats.telemetry, cache, self._on_staged, self._jobdir.keep_open())
             ch.client = ch.service.start(ctx)
             return path, ch.service.address, ch.service.authkey
 

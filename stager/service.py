@@ -27,7 +27,6 @@ import queue
 import secrets
 import threading
 
-from .cache import policy_name
 from .messages import Failure
 from .service_loop import ServiceLoop
 from .workerpool import Wake, WorkerPool
@@ -40,25 +39,23 @@ class StagingService:
     """Stages files for the node's ranks (runs on the node leader only).
 
     Args:
-        staging: The ``StagingConfig`` (prefetchers, task size, cache policy).
+        staging: The ``StagingConfig`` (prefetchers, task size).
         processes: The ``ProcessesConfig`` (shutdown timeout).
         catalog: The job's ``Catalog``.
         source: The ``Source`` the prefetchers fetch from.
         local_dir: The job's node-local directory (already created).
         remote_clients: Ranks of this node other than the leader.
         telemetry: The leader pipeline's ``Telemetry``; staging events go there.
+        cache: The node's ``Cache`` (capacity, policy); from then on only the
+            service thread touches it.
         on_staged: Optional callable ``(relpath, bytes, epoch)`` per file copied.
         keep_fds: Descriptors the prefetchers keep open (see ``WorkerPool``).
-        capacity: Bytes the job directory may hold, or None.
-        window: Bytes the node's look-ahead window may pin at once.
     """
 
-    def __init__(self, staging, processes, catalog, source, local_dir, remote_clients, telemetry, on_staged=None,
-                 keep_fds=(), capacity=None, window=0):
+    def __init__(self, staging, processes, catalog, source, local_dir, remote_clients, telemetry, cache,
+                 on_staged=None, keep_fds=()):
         self.staging = staging
-        self.capacity = capacity
-        self.window = window
-        self.policy = policy_name(staging.cache_policy, capacity)
+        self.cache = cache
         self.shutdown_timeout_s = processes.shutdown_timeout_s
         self.catalog = catalog
         self.source = source

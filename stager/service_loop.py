@@ -18,7 +18,7 @@ import os
 import numpy as np
 
 from . import telemetry as tm
-from .cache import ABSENT, Cache, CacheFull, human
+from .cache import ABSENT, CacheFull, human
 from .messages import NO_SPACE, Bye, Fail, Failure, Hello, Need, Ready, Release, StageTask, Staged
 
 _NO_SPACE_TRIES = 3  # fetches of one file that may meet a full disk before the job fails
@@ -55,14 +55,14 @@ class ServiceLoop:
 
     Args:
         service: The ``StagingService`` (its pool, catalog, staging section,
-            capacity, telemetry, wake channel and incoming connections).
+            cache, telemetry, wake channel and incoming connections).
         own: The leader rank's own connection.
     """
 
     def __init__(self, service, own):
         self.s = service
         self.catalog = service.catalog
-        self.cache = Cache(service.catalog.sizes, service.policy, service.capacity, service.window)
+        self.cache = service.cache
         self.clients = [own]
         self.rank_of = {}        # connection -> the rank that said Hello on it
         self.joined = 0          # remote clients accepted so far

@@ -169,3 +169,27 @@ def test_a_run_saved_on_one_rank_resumes_on_four_at_the_same_global_position(tmp
     assert sorted(first_epoch0 + resumed_epoch0) == sorted(catalog.paths()), \
         "the first run and the resumed one together read epoch 0 exactly once"
     assert_nothing_left(tmp_path, job)
+
+
+def test_a_bounded_cache_reports_per_node_and_epoch_in_records_and_report(tmp_path):
+    job = write_job(tmp_path)
+    per_node_share_bytes = SAMPLES // 2 * 3000  # two nodes; samples of about 3,000 bytes
+    rec = tmp_path / "rec"
+    proc = mpirun(LAYOUTS["4 ranks on 2 nodes"],
+                  ["run", job, "--quiet", "--record", str(rec), "--report", str(rec / "r.json"),
+                   "--set", f"staging.capacity={per_node_share_bytes // 2}", "--set", "staging.lookahead=2",
+                   "--set", "reader.ahead=2"], tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    reads, staged = read_records(rec)
+    report = json.loads((rec / "r.json").read_text())
+    for node in ("a", "b"):
+        rows = [json.loads(x) for x in (rec / f"cache-{node}.jsonl").read_text().splitlines()]
+        assert [r["epoch"] for r in rows] == [0, 1]
+        fetched = Counter(f["epoch"] for f in staged[node])
+        assert [r["files_from_source"] for r in rows] == [fetched[0], fetched[1]]
+        assert rows[0]["misses"] == SAMPLES // 2, "epoch 0 reads each of the node's files from the source"
+        assert rows[1]["misses"] < SAMPLES // 2, "epoch 1 finds some of them kept"
+        assert rows[1]["evictions"] > 0 and max(r["peak_bytes"] for r in rows) <= per_node_share_bytes // 2
+        assert report["node_cache"][node] == rows
+    assert report["cache"][1]["misses"] == sum(report["node_cache"][n][1]["misses"] for n in ("a", "b"))
+    assert_nothing_left(tmp_path, job)

@@ -10,10 +10,11 @@ from ..errors import StagerError
 
 class Recorder:
     """Writes what was read (``rank-<r>.jsonl``) and, on node leaders, what was staged
-    (``staged-<node>.jsonl``)."""
+    (``staged-<node>.jsonl``) and the node cache's counters per epoch (``cache-<node>.jsonl``)."""
 
     def __init__(self, directory, catalog, world):
         os.makedirs(directory, exist_ok=True)
+        self.directory, self.node = directory, world.node
         self.catalog = catalog
         self._reads = open(os.path.join(directory, f"rank-{world.rank}.jsonl"), "w", encoding="utf-8")
         self._staged = None
@@ -23,6 +24,14 @@ class Recorder:
     def batch(self, batch):
         paths = [self.catalog.path(i) for i in batch.indices]
         self._reads.write(json.dumps({"epoch": batch.epoch, "step": batch.step, "samples": paths}) + "\n")
+
+    def cache(self, table):
+        """Writes the node cache's per-epoch counters (``cache-<node>.jsonl``, node leaders)."""
+        if self._staged is None:
+            return
+        with open(os.path.join(self.directory, f"cache-{self.node}.jsonl"), "w", encoding="utf-8") as fh:
+            for row in table:
+                fh.write(json.dumps(row) + "\n")
 
     def staged(self, rel, nbytes, epoch):
         self._staged.write(json.dumps({"path": rel, "bytes": nbytes, "epoch": epoch}) + "\n")

@@ -33,7 +33,22 @@ def _combine(summaries):
     total["samples_per_s"] = round(total["samples"] / total["wall_s"], 2) if total["wall_s"] else 0.0
     total["ranks"] = [{k: s[k] for k in ("rank", "node", "batches", "samples", "files_staged", "wall_s",
                                          "stall_s")} for s in summaries]
+    # Only node leaders have cache counters: one table per node, and the job's per epoch.
+    total["node_cache"] = {s["node"]: s["cache"] for s in summaries if s["cache"]}
+    total["cache"] = combine_cache(total["node_cache"].values())
     return total
+
+
+def combine_cache(tables):
+    """The job's cache counters per epoch: sums over nodes (the peak: the largest node's)."""
+    epochs = {}
+    for table in tables:
+        for row in table:
+            into = epochs.setdefault(row["epoch"], dict.fromkeys(row, 0))
+            for key, value in row.items():
+                into[key] = max(into[key], value) if key == "peak_bytes" else into[key] + value
+            into["epoch"] = row["epoch"]
+    return [epochs[e] for e in sorted(epochs)]
 
 
 def run_job(cfg, report=None, record=None, progress=True, world=None):
@@ -94,6 +109,8 @@ def run_job(cfg, report=None, record=None, progress=True, world=None):
             if state:  # stopped (SIGTERM, preemption, an error): the next start resumes here
                 state.save(position)
             raise
+        if recorder:
+            recorder.cache(pipe.stats.cache_table())
         if state:
             if cfg.run.max_batches and (not cfg.plan.epochs or position.epoch < cfg.plan.epochs):
                 state.save(position)
