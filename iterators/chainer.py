@@ -9,34 +9,13 @@ iterator reads that rank's share of every global minibatch, so ChainerMN
 users need no ``scatter_dataset``.
 """
 
-import sys
-import warnings
-
 import numpy
 
 from stager import plan as planlib
 from stager.pipeline import Pipeline
 
+from ._chainer_import import chainer as _chainer
 from ._source import resolve
-
-
-def _import_chainer():
-    # Chainer 7 imports numpy.distutils, which needs the standard library's
-    # distutils rather than the shim that setuptools installs at start-up.
-    if "distutils" not in sys.modules:
-        try:
-            import _distutils_hack
-            _distutils_hack.remove_shim()
-        except ImportError:
-            pass
-    with warnings.catch_warnings():
-        # Chainer 7 imports pkg_resources, which setuptools marks deprecated.
-        warnings.filterwarnings("ignore", message="pkg_resources is deprecated", category=UserWarning)
-        import chainer
-    return chainer
-
-
-_chainer = _import_chainer()
 
 
 class StagingIterator(_chainer.dataset.Iterator):
