@@ -2,7 +2,7 @@
 
 ``StagingIterator`` keeps Chainer's iterator protocol and semantics (epoch,
 epoch_detail, previous_epoch_detail, is_new_epoch, current_position, repeat,
-reset, finalize, serialize with Chainer's snapshot keys,
+reset, finalize, serialize with Chainer's snapshot keys, TimeoutWarning,
 minibatches that cross an epoch boundary when repeating), while stager's
 prefetchers copy each upcoming minibatch's files to node-local storage and
 its readers decode them. Under MPI each rank's iterator reads that rank's
@@ -10,8 +10,12 @@ share of every global minibatch, so ChainerMN users need no
 ``scatter_dataset``.
 """
 
+import warnings
+import weakref
+
 from stager import Pipeline
 
+from ._chainer_feed import Feed, release
 from ._chainer_import import chainer as _chainer
 from ._chainer_orders import OrderBook, minibatches
 from ._source import resolve
@@ -36,17 +40,21 @@ class StagingIterator(_chainer.dataset.Iterator):
         order_sampler: Chainer order sampler, called as
             ``order_sampler(current_order, current_position)`` for each epoch.
             Under MPI it must return the same order on every rank.
-        dataset_timeout: Accepted and ignored.
+        dataset_timeout: Seconds a minibatch may be waited for before
+            ``TimeoutWarning`` is issued (and again after each further
+            ``dataset_timeout``); None disables it.
         maxtasksperchild: Accepted and ignored.
         world: A ``stager.world.World``; default: detected.
         catalog: A ``stager.Catalog``; default: built on rank 0 and broadcast.
     """
 
+    TimeoutWarning = _chainer.iterators.MultiprocessIterator.TimeoutWarning
+
     def __init__(self, dataset, batch_size, repeat=True, shuffle=None, n_processes=None, n_prefetch=1,
                  shared_mem=None, order_sampler=None, dataset_timeout=30.0, maxtasksperchild=None, *,
                  world=None, catalog=None):
-        self._pipe = None
-        self._failures = []
+        self._feed = None
+        self._finalizer = None
         self._finalized = False
         if shuffle is not None and order_sampler is not None:
             raise ValueError("`shuffle` is not `None` and a custom `order_sampler` is set. Please set "
@@ -59,6 +67,7 @@ class StagingIterator(_chainer.dataset.Iterator):
         self.repeat = repeat
         self.shuffle = True if shuffle is None else shuffle
         self.order_sampler = order_sampler
+        self.dataset_timeout = dataset_timeout
         p = self.config.plan
         self._orders = OrderBook(len(self.catalog), batch_size, self.shuffle, order_sampler, p.seed,
                                  self.world.size, p.remainder)
@@ -70,12 +79,12 @@ class StagingIterator(_chainer.dataset.Iterator):
         """Restarts from the first minibatch of epoch 0."""
         if self._finalized:
             raise NotImplementedError("reset of a finalized StagingIterator is not supported")
-        self._close_pipe()
+        self._close_feed()
         self._orders.reset()
         self._restart(0, False, -1.0)
 
     def _restart(self, position, is_new_epoch, previous_epoch_detail):
-        self._close_pipe()
+        self._close_feed()
         self._position = position
         self._orders.anchor = position
         self.is_new_epoch = is_new_epoch
@@ -88,16 +97,15 @@ class StagingIterator(_chainer.dataset.Iterator):
         if self._done:
             self._previous_epoch_detail = self.epoch_detail  # Chainer updates it even when it stops
             raise StopIteration
-        if self._pipe is None or self._pipe.closed:  # closed by an error: retry from the position
-            self._open_pipe()
-        try:
-            batch = next(self._pipe)
-        except StopIteration:  # the plan ended early: an order could not be drawn
-            failures = self._failures
-            self._close_pipe()
+        if self._feed is None or self._feed.closed:  # closed by an error: retry from the position
+            self._open_feed()
+        batch = self._feed.get(self.dataset_timeout, self._warn_stall)
+        if batch is None:  # the plan ended early: an order could not be drawn
+            failures = self._feed.failures
+            self._close_feed()
             if failures:
                 raise failures[0]
-            raise RuntimeError("stager's pipeline ended before the epoch did") from None
+            raise RuntimeError("stager's pipeline ended before the epoch did")
         self._previous_epoch_detail = self.epoch_detail
         before = self.epoch
         self._position = batch.end
@@ -105,10 +113,16 @@ class StagingIterator(_chainer.dataset.Iterator):
         self._orders.forget_before(self.epoch)
         if batch.last:
             self._done = True
-            self._close_pipe()
+            self._close_feed()
         return list(batch.samples)
 
     next = __next__
+
+    def _warn_stall(self, waited):
+        warnings.warn(f"Stalled dataset is detected: StagingIterator has waited more than dataset_timeout="
+                      f"{self.dataset_timeout} s for a minibatch. The shared file system may be slow, or a "
+                      "loader stuck; a failed stager worker raises stager.StageError instead.",
+                      self.TimeoutWarning, stacklevel=4)
 
     @property
     def epoch(self):
@@ -188,19 +202,32 @@ class StagingIterator(_chainer.dataset.Iterator):
 
     # Processes ------------------------------------------------------------
 
-    def _open_pipe(self):
-        self._close_pipe()
-        self._failures = []
+    def _open_feed(self):
+        self._close_feed()
+        failures = []
         plan = minibatches(self._orders, self._position, self.batch_size, self.world.rank, self.world.size,
-                           self.repeat, self._failures)
-        self._pipe = Pipeline(self.config, self.catalog, world=self.world, plan=plan).start()
+                           self.repeat, failures)
+        pipe = Pipeline(self.config, self.catalog, world=self.world, plan=plan)
+        feed = Feed(pipe.start(), failures, self.config.processes.shutdown_timeout_s)
+        self._feed = feed
+        # Only the feed is kept alive by the finalizer: dropping the iterator
+        # without finalize() ends its processes when it is collected.
+        self._finalizer = weakref.finalize(self, release, feed)
 
-    def _close_pipe(self):
-        if self._pipe is not None:
-            self._pipe.close()
-            self._pipe = None
+    def _close_feed(self):
+        if self._finalizer is not None:
+            self._finalizer.detach()
+            self._finalizer = None
+        if self._feed is not None:
+            self._feed.close()
+            self._feed = None
 
     def finalize(self):
         """Stops the pipeline's processes; safe to call twice."""
-        self._close_pipe()
+        self._close_feed()
         self._finalized = True
+
+    def __del__(self):
+        # The weakref finalizer closes the pipeline, on a safe thread; the base
+        # class would call finalize() in whichever thread collects us.
+        pass

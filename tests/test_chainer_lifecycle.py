@@ -1,17 +1,25 @@
 """StagingIterator's life as Chainer's iterators live it: malformed orders are
-errors at the call that made them (never a hang)."""
+errors at the call that made them (never a hang), an iterator dropped without
+finalize() ends its processes, and a stalled minibatch issues
+MultiprocessIterator.TimeoutWarning."""
 
+import gc
+import json
 import os
 import threading
+import warnings
+import weakref
 
 import numpy as np
 import pytest
 
-from conftest import load_catalog, make_config
+from conftest import child_pids, live_children, load_catalog, make_config
+from exit_check import run_to_exit
 
 chainer_front = pytest.importorskip("iterators.chainer", reason="Chainer is not installed (extra 'chainer')")
 chainer = chainer_front._chainer
 StagingIterator = chainer_front.StagingIterator
+HELPERS = os.path.join(os.path.dirname(__file__), "helpers")
 
 
 @pytest.fixture
@@ -170,3 +178,88 @@ def test_the_sampler_gets_chainers_arguments(cfg, examples, tmp_path, batch_size
             assert state(ours) == state(theirs)
         expected = theirs.order_sampler.positions
         assert ours.order_sampler.positions[:len(expected)] == expected
+
+
+# Dropping without finalize() (issue point 3) -------------------------------
+
+@pytest.mark.parametrize("args", [{}, {"repeat": False}, {"shuffle": False},
+                                  {"order_sampler": chainer.iterators.ShuffleOrderSampler(np.random.RandomState(0))}],
+                         ids=["shuffle", "no-repeat", "no-shuffle", "sampler"])
+def test_an_iterator_dropped_without_finalize_ends_its_processes(cfg, args):
+    before = child_pids()
+    it = StagingIterator(cfg, 8, **args)
+    it.next()
+    mine = live_children(child_pids() - before)
+    assert mine, "the iterator runs prefetchers and readers"
+    collected = weakref.ref(it)
+    del it
+    gc.collect()
+    assert collected() is None
+    assert not live_children(mine)
+
+
+@pytest.mark.parametrize("ending", ["alive", "dropped"])
+def test_an_iterator_at_interpreter_exit_ends_quietly(dataset, tmp_path, ending):
+    root, _ = dataset
+    config = {"dataset": {"source": root, "manifest": "manifest.tsv"},
+              "staging": {"local_dir": str(tmp_path / "local")}, "reader": {"workers": 2}}
+    rc, out, err, left = run_to_exit(
+        "import gc, json\n"
+        "from iterators.chainer import StagingIterator\n"
+        "it = StagingIterator(json.loads(sys.argv[1]), 8)\n"
+        "it.next()\n"
+        "report_children()\n"
+        "if sys.argv[2] == 'dropped':\n"
+        "    del it\n"
+        "    gc.collect()\n", json.dumps(config), ending)
+    assert rc == 0, err
+    assert "CHILDREN" in out and not err.strip(), err  # e.g. OSError: Bad file descriptor from __del__
+    assert not left, "workers outlived the interpreter"
+
+
+# TimeoutWarning (issue point 6) --------------------------------------------
+
+@pytest.fixture
+def gate(monkeypatch):
+    monkeypatch.syspath_prepend(HELPERS)
+    import gate as module
+
+    module.GATE.clear()
+    # Never leave readers waiting, whatever the test does.
+    safety = threading.Timer(60, module.GATE.set)
+    safety.start()
+    yield module.GATE
+    safety.cancel()
+    module.GATE.set()
+
+
+def test_timeout_warning_is_multiprocess_iterators():
+    assert StagingIterator.TimeoutWarning is chainer.iterators.MultiprocessIterator.TimeoutWarning
+
+
+def test_a_stalled_minibatch_warns_in_the_consumers_thread_and_is_still_delivered(cfg, examples, gate):
+    stalled = cfg.replace(dataset={"loader": "gate:npy_after_gate"})
+    with StagingIterator(stalled, 8, shuffle=False, dataset_timeout=0.05) as it:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", chainer.iterators.MultiprocessIterator.TimeoutWarning)
+            with pytest.raises(StagingIterator.TimeoutWarning, match="Stalled dataset"):
+                it.next()
+        assert it.current_position == 0
+        gate.set()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", StagingIterator.TimeoutWarning)  # 0.05 s is short on a busy machine
+            assert same_batch(it.next(), examples[:8])
+            assert same_batch(it.next(), examples[8:16])
+
+
+@pytest.mark.parametrize("timeout", [None, 30.0])
+def test_no_warning_without_a_timeout_or_within_it(cfg, examples, gate, timeout):
+    stalled = cfg.replace(dataset={"loader": "gate:npy_after_gate"})
+    with StagingIterator(stalled, 8, shuffle=False, dataset_timeout=timeout) as it:
+        opener = threading.Timer(0.3, gate.set)  # a stall of 0.3 s
+        opener.start()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert same_batch(it.next(), examples[:8])
+        opener.join()
+    assert not [w for w in caught if issubclass(w.category, chainer.iterators.MultiprocessIterator.TimeoutWarning)]
