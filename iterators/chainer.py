@@ -2,7 +2,7 @@
 
 ``StagingIterator`` keeps Chainer's iterator protocol and semantics (epoch,
 epoch_detail, previous_epoch_detail, is_new_epoch, current_position, repeat,
-reset, finalize, serialize with Chainer's snapshot keys, TimeoutWarning,
+reset, finalize, serialize with Chainer's snapshot keys, pickling,
 minibatches that cross an epoch boundary when repeating), while stager's
 prefetchers copy each upcoming minibatch's files to node-local storage and
 its readers decode them. Under MPI each rank's iterator reads that rank's
@@ -10,10 +10,12 @@ share of every global minibatch, so ChainerMN users need no
 ``scatter_dataset``.
 """
 
+import copy
 import warnings
 import weakref
 
 from stager import Pipeline
+from stager.world import detect
 
 from ._chainer_feed import Feed, release
 from ._chainer_import import chainer as _chainer
@@ -199,6 +201,29 @@ class StagingIterator(_chainer.dataset.Iterator):
             previous = self.epoch + (self.current_position - self.batch_size) / self._epoch_size
             previous = max(previous, 0.0) if self.epoch_detail > 0 else -1.0
         self._previous_epoch_detail = float(previous)
+
+    # Pickling -------------------------------------------------------------
+
+    def __getstate__(self):
+        state = {k: v for k, v in self.__dict__.items() if k not in ("_feed", "_finalizer")}
+        # A communicator does not pickle; the world is detected again instead.
+        state["world"] = self.world if self.world.comm is None else None
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._feed = None
+        self._finalizer = None
+        if self.world is None:
+            # Under MPI this is collective: every rank unpickles its iterator.
+            self.world = detect(self.config.world.mpi)
+
+    def __copy__(self):
+        other = self.__class__.__new__(self.__class__)
+        state = self.__getstate__()
+        state["_orders"] = copy.deepcopy(self._orders)  # the copy draws its own orders
+        other.__setstate__(state)
+        return other
 
     # Processes ------------------------------------------------------------
 

@@ -1,11 +1,13 @@
 """StagingIterator's life as Chainer's iterators live it: malformed orders are
 errors at the call that made them (never a hang), an iterator dropped without
-finalize() ends its processes, and a stalled minibatch issues
-MultiprocessIterator.TimeoutWarning."""
+finalize() ends its processes, it pickles at any point, and a stalled
+minibatch issues MultiprocessIterator.TimeoutWarning."""
 
+import copy
 import gc
 import json
 import os
+import pickle
 import threading
 import warnings
 import weakref
@@ -215,6 +217,45 @@ def test_an_iterator_at_interpreter_exit_ends_quietly(dataset, tmp_path, ending)
     assert rc == 0, err
     assert "CHILDREN" in out and not err.strip(), err  # e.g. OSError: Bad file descriptor from __del__
     assert not left, "workers outlived the interpreter"
+
+
+# Pickling (issue point 4) --------------------------------------------------
+
+MODES = {
+    "shuffle": lambda: {},
+    "no-shuffle": lambda: {"shuffle": False},
+    "sampler": lambda: {"order_sampler": chainer.iterators.ShuffleOrderSampler(np.random.RandomState(7))},
+}
+
+
+@pytest.mark.parametrize("taken", [0, 5, 13])  # 13 minibatches of 8: in epoch 1
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_a_pickled_iterator_continues_with_the_same_minibatches(cfg, mode, taken):
+    it = StagingIterator(cfg, 8, **MODES[mode]())
+    clone = None
+    try:
+        for _ in range(taken):
+            it.next()
+        clone = pickle.loads(pickle.dumps(it))
+        assert state(clone) == state(it)
+        for step in range(20):  # across the next epoch boundary
+            assert same_batch(clone.next(), it.next()), f"minibatch {step} after unpickling"
+            assert state(clone) == state(it)
+    finally:
+        it.finalize()
+        if clone is not None:
+            clone.finalize()
+
+
+def test_a_copy_is_an_independent_iterator_at_the_same_position(cfg):
+    sampler = chainer.iterators.ShuffleOrderSampler(np.random.RandomState(7))
+    with StagingIterator(cfg, 8, order_sampler=sampler) as it:
+        for _ in range(5):
+            it.next()
+        other = copy.copy(it)
+        with other:
+            ahead = [other.next() for _ in range(20)]
+            assert all(same_batch(it.next(), batch) for batch in ahead)
 
 
 # TimeoutWarning (issue point 6) --------------------------------------------
