@@ -14,22 +14,38 @@ import copy
 import warnings
 import weakref
 
-from stager import Pipeline
+from stager import Catalog, Pipeline
+from stager.config import Config
 from stager.world import detect
 
+from ._chainer_datasets import FileDataset
 from ._chainer_feed import Feed, release
 from ._chainer_import import chainer as _chainer
 from ._chainer_orders import OrderBook, minibatches
 from ._source import resolve
 
 
+def _with_source(config, root):
+    """``config`` (None, a dict or a Config) reading the dataset under ``root``."""
+    if config is None:
+        return {"dataset": {"source": root}}
+    if isinstance(config, Config):
+        return config.replace(dataset={"source": root})
+    if isinstance(config, dict):
+        return {**config, "dataset": {**config.get("dataset", {}), "source": root}}
+    raise TypeError(f"config must be a stager Config or a dict of its values, got {type(config).__name__}")
+
+
 class StagingIterator(_chainer.dataset.Iterator):
     """Chainer iterator over files staged by stager, minibatch by minibatch.
 
     Args:
-        dataset: A stager ``Config`` (or a dict of its values) describing
-            the dataset and the staging, or a ``stager.Catalog`` (its files,
-            staged with the default settings).
+        dataset: What to iterate: a stager ``Config`` (or a dict of its
+            values) describing the dataset and the staging; a
+            ``stager.Catalog``; or a Chainer dataset that reads one file per
+            example, such as ``LabeledImageDataset`` or ``ImageDataset``
+            (also inside ``TransformDataset`` or ``SubDataset``), whose
+            examples are decoded by its own ``get_example``.
         batch_size: Examples per minibatch (on this rank).
         repeat: Repeat epochs without end; False stops after one epoch, the
             last minibatch short.
@@ -46,6 +62,9 @@ class StagingIterator(_chainer.dataset.Iterator):
             ``TimeoutWarning`` is issued (and again after each further
             ``dataset_timeout``); None disables it.
         maxtasksperchild: Accepted and ignored.
+        config: Staging settings (a ``Config`` or dict) for a Chainer dataset
+            or a Catalog; its ``dataset.source`` is replaced by the files'
+            root directory.
         world: A ``stager.world.World``; default: detected.
         catalog: A ``stager.Catalog``; default: built on rank 0 and broadcast.
     """
@@ -54,7 +73,7 @@ class StagingIterator(_chainer.dataset.Iterator):
 
     def __init__(self, dataset, batch_size, repeat=True, shuffle=None, n_processes=None, n_prefetch=1,
                  shared_mem=None, order_sampler=None, dataset_timeout=30.0, maxtasksperchild=None, *,
-                 world=None, catalog=None):
+                 config=None, world=None, catalog=None):
         self._feed = None
         self._finalizer = None
         self._finalized = False
@@ -64,7 +83,20 @@ class StagingIterator(_chainer.dataset.Iterator):
         overrides = {"plan": {"batch_size": batch_size, "epochs": 0}}  # `repeat` decides
         if n_processes is not None:
             overrides["reader"] = {"workers": n_processes}
-        self.config, self.world, self.catalog = resolve(dataset, world, catalog, overrides)
+        self._decoder, build = None, None
+        if isinstance(dataset, (Config, dict)):
+            if config is not None:
+                raise TypeError("config= gives the staging settings of a Chainer dataset or Catalog; "
+                                "here the dataset argument is itself a config")
+        elif isinstance(dataset, Catalog):
+            if config is not None:
+                dataset, catalog = _with_source(config, dataset.root), dataset
+        else:
+            if catalog is not None:
+                raise TypeError("catalog= cannot describe a Chainer dataset: its files are the catalog")
+            files = FileDataset(dataset)
+            dataset, build, self._decoder = _with_source(config, files.root), files.catalog, files.decoder()
+        self.config, self.world, self.catalog = resolve(dataset, world, catalog, overrides, build)
         self.batch_size = batch_size
         self.repeat = repeat
         self.shuffle = True if shuffle is None else shuffle
@@ -232,7 +264,12 @@ class StagingIterator(_chainer.dataset.Iterator):
         failures = []
         plan = minibatches(self._orders, self._position, self.batch_size, self.world.rank, self.world.size,
                            self.repeat, failures)
-        pipe = Pipeline(self.config, self.catalog, world=self.world, plan=plan)
+        loader = copy.copy(self._decoder)  # its root is this pipeline's
+        pipe = Pipeline(self.config, self.catalog, world=self.world, plan=plan, loader=loader)
+        if loader is not None:
+            # The readers open the staged copies, under the pipeline's
+            # directory (the source itself when staging is off).
+            loader.root = pipe.local_dir or self.catalog.root
         feed = Feed(pipe.start(), failures, self.config.processes.shutdown_timeout_s)
         self._feed = feed
         # Only the feed is kept alive by the finalizer: dropping the iterator
