@@ -1,7 +1,7 @@
 """StagingIterator snapshots under MPI, run inside every rank (``mpiexec -n N
 python -m pytest tests/mpi``; plain pytest runs them as one rank): the saved
-``order`` is the global order, the same on every rank, and each rank resumes
-its own snapshot exactly on the same number of ranks."""
+``order`` is the global order, the ranks' snapshots are identical, and each
+rank resumes its own exactly on the same number of ranks."""
 
 import os
 import shutil
@@ -68,8 +68,9 @@ def test_each_rank_resumes_its_snapshot_and_the_order_is_global(world, shared_di
         resumed = (it.epoch, it.current_position, it.is_new_epoch, it.previous_epoch_detail)
         tail = [raw for _ in range(19) for raw, _ in it.next()]
     with np.load(snap) as f:
-        order = f["order"]
-    orders = world.comm.allgather(order.tolist())
+        saved = {key: f[key].tolist() for key in f.files}
+    everyone = world.comm.allgather(saved)
+    order = np.array(saved["order"])
     assert resumed == position
     if with_sampler:
         # A sampler's state is not part of a snapshot (nor of Chainer's): the
@@ -80,5 +81,5 @@ def test_each_rank_resumes_its_snapshot_and_the_order_is_global(world, shared_di
         keep = (((position[0] + 1) * length - at) // (4 * world.size)) * 4
         full, tail = full[:len(head) + keep], tail[:keep]
     assert head + tail == full
-    assert all(o == orders[0] for o in orders)
+    assert all(snapshot == everyone[0] for snapshot in everyone), "every rank saves the same snapshot"
     assert sorted(order.tolist()) == list(range(SAMPLES))
