@@ -8,6 +8,8 @@ processes are needed; it is also an ``IterableDataset``, usable as
 ranks: the same global order continues from the same global position.
 """
 
+import weakref
+
 from torch.utils.data import IterableDataset, default_collate, get_worker_info
 
 from stager import plan as planlib
@@ -45,6 +47,7 @@ class StagedLoader(IterableDataset):
         self._position = 0      # samples of the epoch's global order done, all ranks together
         self._pipe = None
         self._pipe_at = None    # (epoch, position) the pipeline delivers next
+        self._finalizer = None
 
     def set_epoch(self, epoch):
         """Chooses the epoch the next iteration reads (from its start unless resuming in it).
@@ -96,6 +99,10 @@ class StagedLoader(IterableDataset):
             self._pipe = Pipeline(self.config, self.catalog, world=self.world,
                                   start=(self._epoch, self._position)).start()
             self._pipe_at = (self._epoch, self._position)
+            # A loader still alive at interpreter exit (a global, a reference
+            # cycle) would be collected after the modules that its shutdown
+            # needs are gone; the finalizer closes the pipeline before that.
+            self._finalizer = weakref.finalize(self, self._pipe.close)
         return self._pipe
 
     @property
@@ -129,6 +136,9 @@ class StagedLoader(IterableDataset):
         self._close_pipe()
 
     def _close_pipe(self):
+        if self._finalizer is not None:
+            self._finalizer.detach()
+            self._finalizer = None
         if self._pipe is not None:
             self._pipe.close()
             self._pipe = None
