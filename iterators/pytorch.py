@@ -8,6 +8,7 @@ processes are needed; it is also an ``IterableDataset``, usable as
 ranks: the same global order continues from the same global position.
 """
 
+import numbers
 import weakref
 
 from torch.utils.data import IterableDataset, default_collate, get_worker_info
@@ -18,6 +19,13 @@ from stager.pipeline import Pipeline
 from ._source import resolve
 
 _STATE_VERSION = 1
+
+
+def _check_count(name, value, where):
+    # Checked where it is given: a negative position would silently re-read
+    # the end of the epoch, a negative epoch fail later inside the pipeline.
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+        raise ValueError(f"{where}: {name} is {value!r}, expected a non-negative integer")
 
 
 class StagedLoader(IterableDataset):
@@ -55,7 +63,11 @@ class StagedLoader(IterableDataset):
         Epochs also advance by themselves at the end of each iteration, so
         calling it is optional; calling it with the current epoch keeps a
         resumed position.
+
+        Raises:
+            ValueError: If ``epoch`` is not a non-negative integer.
         """
+        _check_count("epoch", epoch, "set_epoch()")
         if epoch != self._epoch:
             self._epoch, self._position = epoch, 0
 
@@ -122,13 +134,16 @@ class StagedLoader(IterableDataset):
 
         Raises:
             ValueError: If the state belongs to another dataset or order
-                (sample count, seed or shuffle differ), naming the key.
+                (sample count, seed or shuffle differ), or its epoch or
+                position is not a non-negative integer, naming the key.
         """
         p = self.config.plan
         for key, mine in (("samples", len(self.catalog)), ("seed", p.seed), ("shuffle", p.shuffle)):
             if state.get(key) != mine:
                 raise ValueError(f"state_dict[{key!r}] is {state.get(key)!r} but this loader has {mine!r}: "
                                  "it was saved for another dataset or order")
+        for key in ("epoch", "position"):
+            _check_count(key, state.get(key), f"state_dict[{key!r}]")
         self._epoch, self._position = int(state["epoch"]), int(state["position"])
 
     def close(self):

@@ -143,6 +143,16 @@ def test_an_error_is_raised_again_by_the_next_iteration_not_swallowed(cfg, monke
                     pass
 
 
+@pytest.mark.parametrize("key,value", [("position", -8), ("position", 8.5), ("epoch", -1), ("epoch", None)])
+def test_a_malformed_position_is_refused_by_load_state_dict(cfg, key, value):
+    with StagedLoader(cfg) as loader:
+        state = dict(loader.state_dict(), **{key: value})
+        with pytest.raises(ValueError, match=rf"state_dict\['{key}'\]: {key} is {value!r}"):
+            loader.load_state_dict(state)
+        with pytest.raises(ValueError, match="set_epoch"):
+            loader.set_epoch(-1)
+
+
 def test_a_loader_alive_at_interpreter_exit_ends_quietly(dataset, tmp_path):
     root, _ = dataset
     config = {"dataset": {"source": root, "manifest": "manifest.tsv"},
