@@ -5,7 +5,7 @@ from stager.config import Config, config_from_dict
 from stager.world import detect
 
 
-def resolve(config, world=None, catalog=None, overrides=None):
+def resolve(config, world=None, catalog=None, overrides=None, build=None):
     """Returns ``(config, world, catalog)`` for a front end.
 
     Args:
@@ -14,6 +14,8 @@ def resolve(config, world=None, catalog=None, overrides=None):
         world: A ``World``; default: detected from the config.
         catalog: A ``Catalog``; default: built on rank 0 and broadcast.
         overrides: Nested dictionaries applied on top of ``config``.
+        build: Callable returning the ``Catalog``, run on rank 0 when
+            ``catalog`` is None; default: ``Catalog.load(config.dataset)``.
     """
     if isinstance(config, Catalog):
         catalog, config = config, config_from_dict({"dataset": {"source": config.root}})
@@ -26,5 +28,5 @@ def resolve(config, world=None, catalog=None, overrides=None):
         config = config.replace(**overrides)
     world = world if world is not None else detect(config.world.mpi)
     if catalog is None:
-        catalog = broadcast_catalog(world.comm, lambda: Catalog.load(config.dataset))
+        catalog = broadcast_catalog(world.comm, build or (lambda: Catalog.load(config.dataset)))
     return config, world, catalog

@@ -8,6 +8,8 @@ processes are needed; it is also an ``IterableDataset``, usable as
 ranks: the same global order continues from the same global position.
 """
 
+import weakref
+
 from torch.utils.data import IterableDataset, default_collate, get_worker_info
 
 from stager import plan as planlib
@@ -43,6 +45,7 @@ class StagedLoader(IterableDataset):
         self._position = 0      # samples of the epoch's global order done, all ranks together
         self._pipe = None
         self._pipe_at = None    # (epoch, position) the pipeline delivers next
+        self._finalizer = None
 
     def set_epoch(self, epoch):
         """Chooses the epoch the next iteration reads (from its start unless resuming in it).
@@ -50,7 +53,11 @@ class StagedLoader(IterableDataset):
         Epochs also advance by themselves at the end of each iteration, so
         calling it is optional; calling it with the current epoch keeps a
         resumed position.
+
+        Raises:
+            ValueError: If ``epoch`` is not a non-negative integer.
         """
+        planlib.check_count("epoch", epoch, "set_epoch()")
         if epoch != self._epoch:
             self._epoch, self._position = epoch, 0
 
@@ -94,6 +101,10 @@ class StagedLoader(IterableDataset):
             self._pipe = Pipeline(self.config, self.catalog, world=self.world,
                                   start=planlib.Position(self._epoch, self._position)).start()
             self._pipe_at = (self._epoch, self._position)
+            # A loader still alive at interpreter exit (a global, a reference
+            # cycle) would be collected after the modules that its shutdown
+            # needs are gone; the finalizer closes the pipeline before that.
+            self._finalizer = weakref.finalize(self, self._pipe.close)
         return self._pipe
 
     @property
@@ -111,10 +122,11 @@ class StagedLoader(IterableDataset):
 
         Raises:
             ValueError: If the state belongs to another dataset or order
-                (sample count, seed or shuffle differ), naming the key.
+                (sample count, seed or shuffle differ), or its epoch or
+                position is not a non-negative integer, naming the key.
         """
         try:
-            position = planlib.resume_position(state, len(self.catalog), self.config.plan)
+            position = planlib.resume_position(state, len(self.catalog), self.config.plan, "state_dict")
         except planlib.ResumeMismatch as exc:
             raise ValueError(f"state_dict[{exc.key!r}] is {exc.saved!r} but this loader has {exc.current!r}: "
                              "it was saved for another dataset or order") from None
@@ -125,6 +137,9 @@ class StagedLoader(IterableDataset):
         self._close_pipe()
 
     def _close_pipe(self):
+        if self._finalizer is not None:
+            self._finalizer.detach()
+            self._finalizer = None
         if self._pipe is not None:
             self._pipe.close()
             self._pipe = None

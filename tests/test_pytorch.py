@@ -2,6 +2,7 @@
 
 import gc
 import itertools
+import json
 import os
 
 import numpy as np
@@ -10,6 +11,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from conftest import load_catalog, make_config
+from exit_check import run_to_exit
 from iterators.pytorch import StagedLoader
 from stager import plan
 from stager.world import World
@@ -139,3 +141,32 @@ def test_an_error_is_raised_again_by_the_next_iteration_not_swallowed(cfg, monke
             with pytest.raises(StageError, match="unreadable sample"):
                 for _ in loader:
                     pass
+
+
+@pytest.mark.parametrize("key,value", [("position", -8), ("position", 8.5), ("epoch", -1), ("epoch", None)])
+def test_a_malformed_position_is_refused_by_load_state_dict(cfg, key, value):
+    with StagedLoader(cfg) as loader:
+        state = dict(loader.state_dict(), **{key: value})
+        with pytest.raises(ValueError, match=rf"state_dict\['{key}'\]: {key} is {value!r}"):
+            loader.load_state_dict(state)
+        with pytest.raises(ValueError, match="set_epoch"):
+            loader.set_epoch(-1)
+
+
+def test_a_loader_alive_at_interpreter_exit_ends_quietly(dataset, tmp_path):
+    root, _ = dataset
+    config = {"dataset": {"source": root, "manifest": "manifest.tsv"},
+              "staging": {"local_dir": str(tmp_path / "local")}, "reader": {"workers": 2}}
+    # Held by a reference cycle, the loader is collected only after the
+    # interpreter has begun tearing its modules down.
+    rc, out, err, left = run_to_exit(
+        "import json\n"
+        "from iterators.pytorch import StagedLoader\n"
+        "loader = StagedLoader(json.loads(sys.argv[1]))\n"
+        "loader.cycle = loader\n"
+        "batches = iter(loader)\n"
+        "next(batches)\n"
+        "report_children()\n", json.dumps(config))
+    assert rc == 0, err
+    assert "CHILDREN" in out and not err.strip(), err
+    assert not left, "workers outlived the interpreter"

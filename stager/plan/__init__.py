@@ -11,9 +11,9 @@ the node's service, ``resume`` is the one position model that resume uses.
 
 from .batching import Minibatch, iterate, stream
 from .order import epoch_minibatches, epoch_order, fit_to_ranks, permutation, rank_share, steps_per_epoch
-from .resume import STATE_VERSION, Position, ResumeMismatch, resume_position, resume_state
+from .resume import STATE_VERSION, Position, ResumeMismatch, check_count, resume_position, resume_state
 from .spec import PlanSpec, StreamSpec
 
-__all__ = ["Minibatch", "PlanSpec", "Position", "ResumeMismatch", "STATE_VERSION", "StreamSpec", "epoch_minibatches",
+__all__ = ["Minibatch", "PlanSpec", "Position", "ResumeMismatch", "STATE_VERSION", "StreamSpec", "check_count", "epoch_minibatches",
            "epoch_order", "fit_to_ranks", "iterate", "permutation", "rank_share", "resume_position", "resume_state",
            "steps_per_epoch", "stream"]

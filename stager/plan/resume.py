@@ -5,6 +5,7 @@
 global, so a run resumes on the same or another number of ranks.
 """
 
+import numbers
 from dataclasses import dataclass
 
 STATE_VERSION = 1
@@ -59,16 +60,35 @@ def resume_state(position, samples, plan, size):
             "world_size": size}
 
 
-def resume_position(state, samples, plan):
+def check_count(name, value, where):
+    """Refuses anything but a non-negative integer where an epoch or a position is expected.
+
+    Checked where it is given: a negative position would silently re-read the
+    end of an epoch, a negative epoch fail later inside the pipeline.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+        raise ValueError(f"{where}: {name} is {value!r}, expected a non-negative integer")
+
+
+def resume_position(state, samples, plan, where="state"):
     """The ``Position`` a ``resume_state`` holds, checked against this run.
 
     The order depends on the catalog size, the seed and whether epochs are
     shuffled; batch size and number of ranks may change between runs.
 
+    Args:
+        state: What ``resume_state`` made.
+        samples: This run's catalog size.
+        plan: This run's ``PlanConfig``.
+        where: How errors name the state, e.g. ``state_dict``.
+
     Raises:
         ResumeMismatch: Naming the first key that differs.
+        ValueError: For an epoch or position that is not a non-negative integer.
     """
     for key, mine in (("samples", samples), ("seed", plan.seed), ("shuffle", plan.shuffle)):
         if state.get(key) != mine:
             raise ResumeMismatch(key, state.get(key), mine)
+    for key in ("epoch", "position"):
+        check_count(key, state.get(key), f"{where}[{key!r}]")
     return Position(int(state["epoch"]), int(state["position"]))
