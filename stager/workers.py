@@ -27,6 +27,8 @@ def _tasks(tasks, stop, parent_pid):
             task = tasks.get(timeout=POLL_S)
         except queue.Empty:
             continue
+        except (EOFError, OSError):
+            return  # the queue's other end is gone with the parent: nothing left to do
         if task is None:
             return
         yield task

@@ -24,3 +24,12 @@ def test_a_source_that_changed_size_is_refused_and_nothing_is_published(tmp_path
     assert not os.path.exists(tmp_path / "dst" / "x.bin")
     assert source.fetch("x.bin", 3, None, str(tmp_path / "dst")) == 3
     assert source.describe("x.bin") == str(tmp_path / "src" / "x.bin")
+
+
+def test_publishing_never_writes_outside_the_staging_directory(tmp_path):
+    from stager.sources import publish
+
+    for rel in ("../escape.bin", "/tmp/escape.bin", "a/../../escape.bin"):
+        with pytest.raises(ValueError, match="would leave the staging directory"):
+            publish(str(tmp_path / "dst"), rel, 1, lambda fd: os.write(fd, b"x"))
+    assert not (tmp_path / "escape.bin").exists() and not (tmp_path / "dst").exists()

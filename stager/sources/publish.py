@@ -39,10 +39,13 @@ def publish(dst_root, rel, expected_size, fill, times_ns=None):
         Bytes written.
 
     Raises:
+        ValueError: For a path that would leave ``dst_root``.
         SourceChanged: If ``fill`` wrote another number of bytes than expected.
         OSError: From the file system (ENOSPC, ...); the temporary file is
             removed first.
     """
+    if os.path.isabs(rel) or ".." in rel.split("/"):
+        raise ValueError(f"{rel!r} would leave the staging directory; paths are relative to the dataset root")
     dst = os.path.join(dst_root, rel)
     directory, name = os.path.split(dst)
     os.makedirs(directory, mode=0o700, exist_ok=True)
