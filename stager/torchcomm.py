@@ -103,9 +103,13 @@ class TorchComm:
         import torch
         import torch.distributed as dist
 
-        if not array.flags.writeable:  # only the root's can be; torch wants memory it may write
-            array = array.copy()
-        dist.broadcast(torch.from_numpy(np.ascontiguousarray(array)), group_src=root, group=self._group)
+        # torch shares only writable, contiguous memory; anything else goes
+        # through a copy, which a receiving rank copies back.
+        direct = array.flags.writeable and array.flags.c_contiguous
+        tensor = torch.from_numpy(array if direct else np.array(array))
+        dist.broadcast(tensor, group_src=root, group=self._group)
+        if not direct and self.Get_rank() != root:
+            np.copyto(array, tensor.numpy())
 
     def allgather(self, obj):
         """Every rank's picklable ``obj``, in rank order, on every rank."""

@@ -152,6 +152,30 @@ def test_one_rank_failing_mid_epoch_ends_the_job(tmp_path):
     assert_nothing_left(tmp_path, job)
 
 
+def test_a_restarted_worker_group_resumes_stager_run_from_its_state_file(tmp_path):
+    job = write_job(tmp_path)
+    state = tmp_path / "state.json"
+    # One minibatch decoded ahead: the failure comes after a few were consumed.
+    [(code, out)] = agents(tmp_path, stager_run(job, "--record", "rec", "--set", f"run.state_file={state}",
+                                                "--set", "dataset.loader=faults:fail_once_on_rank_1",
+                                                "--set", "reader.ahead=1"),
+                           extra=["--max-restarts=1"], env={"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"})
+    assert code == 0, out
+    assert "injected failure on rank 1" in out
+    reads, _ = read_records(tmp_path / "rec")  # the restarted group's
+    cfg = PlanConfig(batch_size=8, epochs=2, seed=7)
+    catalog = Catalog.from_manifest(str(tmp_path / "data"), "manifest.tsv")
+    lengths = set()
+    for r, lines in reads.items():
+        full = [[catalog.path(i) for i in m.indices] for m in plan.iterate(SAMPLES, cfg, rank=r, size=2)]
+        done = [line["samples"] for line in lines]
+        assert 0 < len(done) < len(full) and done == full[len(full) - len(done):], f"rank {r} did not resume"
+        lengths.add(len(done))
+    assert len(lengths) == 1, "the ranks resumed at different positions"
+    assert not list(tmp_path.glob("state.json*")), "a completed run leaves no state"
+    assert_nothing_left(tmp_path, job)
+
+
 def example_args(tmp_path):
     return ["--epochs", "2", "--set", "synthetic.samples=96", "--set", "synthetic.bytes=20000",
             "--set", f"dataset.source={tmp_path / 'data'}", "--set", f"staging.local_dir={tmp_path / 'local'}",
@@ -172,7 +196,7 @@ def test_a_restarted_worker_group_resumes_the_example_from_its_checkpoint(tmp_pa
     # torch 2.13's agent otherwise hands the restarted group its predecessor's
     # store, whose stale addresses make init_process_group fail.
     [(code, out)] = agents(tmp_path, [*EXAMPLE, *example_args(tmp_path), "--set", "plan.batch_size=4", "--set",
-                                      "dataset.loader=faults:fail_once_on_rank_1",
+                                      "dataset.loader=faults:fail_once_on_rank_1", "--set", "reader.ahead=1",
                                       "--checkpoint", str(tmp_path / "ck.pt")], extra=["--max-restarts=1"],
                            env={"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"})
     assert code == 0, out
