@@ -1,0 +1,73 @@
+"""Under torchrun: one staging service per node against each rank staging for itself.
+
+    .venv/bin/python benchmarks/torchrun_nodes.py --ranks 4 --samples 1024 --open-ms 10
+
+Runs ``stager run`` for two epochs under ``torchrun --standalone
+--nproc_per_node=RANKS`` twice, side by side on the same synthetic dataset
+behind the emulated slow file system: with ``world.backend=torch`` (the
+node's ranks share one staging service, what torchrun gets by default) and
+with ``world.backend=none`` (each rank stages for itself, what it got before
+torch.distributed was a backend). Prints, for each, the files and bytes read
+from the source and the slowest rank's time, then the ratios.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TORCHRUN = os.path.join(os.path.dirname(sys.executable), "torchrun")
+
+
+def run(workdir, ranks, backend, sets):
+    """One torchrun job; returns (files, bytes, slowest rank's seconds, the command's seconds)."""
+    # Each rank writes its own report, so the per-rank run (no gather) is counted too.
+    cmd = [TORCHRUN, "--standalone", f"--nproc_per_node={ranks}", "--no-python", "sh", "-c",
+           f'exec "$0" "$@" --report "{backend}-$RANK.json"', sys.executable, "-m", "stager", "run", "job.yaml",
+           "--quiet", "--set", f"world.backend={backend}", *sets]
+    env = dict(os.environ, PYTHONPATH=REPO, TMPDIR=workdir, OMP_NUM_THREADS="1")
+    begin = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=workdir, env=env, capture_output=True, text=True, timeout=1800)
+    elapsed = time.perf_counter() - begin
+    if proc.returncode:
+        sys.exit(f"{' '.join(cmd)} failed:\n{proc.stdout}{proc.stderr}")
+    reports = [json.load(open(os.path.join(workdir, f"{backend}-{r}.json"))) for r in range(ranks)]
+    # With the torch backend rank 0's report already holds the job's totals.
+    mine = reports[:1] if backend == "torch" else reports
+    return (sum(r["files_staged"] for r in mine), sum(r["bytes_staged"] for r in mine),
+            max(r["wall_s"] for r in reports), elapsed)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", type=int, default=4, help="workers on the one node (default 4)")
+    parser.add_argument("--samples", type=int, default=1024)
+    parser.add_argument("--bytes", type=int, default=110000)
+    parser.add_argument("--open-ms", type=float, default=10.0)
+    parser.add_argument("--mbps", type=float, default=200.0)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="stager-torchrun-bench-") as workdir:
+        with open(os.path.join(workdir, "job.yaml"), "w") as fh:
+            fh.write(f"dataset: {{source: data, manifest: manifest.tsv}}\n"
+                     f"synthetic: {{samples: {args.samples}, bytes: {args.bytes}}}\n"
+                     f"slowfs: {{enabled: true, open_ms: {args.open_ms}, mbps: {args.mbps}}}\n"
+                     "plan: {batch_size: 16, epochs: 2}\nstaging: {local_dir: local, prefetchers: 4}\n"
+                     "reader: {workers: 1}\n")
+        results = {backend: run(workdir, args.ranks, backend, []) for backend in ("none", "torch")}
+    print(f"torchrun --nproc_per_node={args.ranks}, 2 epochs of {args.samples} samples of {args.bytes} B, "
+          f"{args.open_ms:g} ms per open, {args.mbps:g} MB/s")
+    for backend, (files, nbytes, wall, elapsed) in results.items():
+        what = "one service per node" if backend == "torch" else "each rank for itself"
+        print(f"  world.backend={backend:5} ({what}): {files} files, {nbytes / 1e6:.1f} MB read from the source; "
+              f"slowest rank {wall:.2f} s, whole command {elapsed:.1f} s")
+    (f0, b0, w0, e0), (f1, b1, w1, e1) = results["none"], results["torch"]
+    print(f"  per-rank / per-node: {f0 / f1:.2f}x the files, {b0 / b1:.2f}x the bytes, {w0 / w1:.2f}x the time "
+          f"({e0 / e1:.2f}x whole command)")
+
+
+if __name__ == "__main__":
+    main()
