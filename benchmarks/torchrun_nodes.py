@@ -23,22 +23,25 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TORCHRUN = os.path.join(os.path.dirname(sys.executable), "torchrun")
 
 
-def run(workdir, ranks, backend, sets):
+def run(workdir, ranks, backend):
     """One torchrun job; returns (files, bytes, slowest rank's seconds, the command's seconds)."""
     # Each rank writes its own report, so the per-rank run (no gather) is counted too.
     cmd = [TORCHRUN, "--standalone", f"--nproc_per_node={ranks}", "--no-python", "sh", "-c",
            f'exec "$0" "$@" --report "{backend}-$RANK.json"', sys.executable, "-m", "stager", "run", "job.yaml",
-           "--quiet", "--set", f"world.backend={backend}", *sets]
+           "--quiet", "--set", f"world.backend={backend}"]
     env = dict(os.environ, PYTHONPATH=REPO, TMPDIR=workdir, OMP_NUM_THREADS="1")
     begin = time.perf_counter()
     proc = subprocess.run(cmd, cwd=workdir, env=env, capture_output=True, text=True, timeout=1800)
     elapsed = time.perf_counter() - begin
     if proc.returncode:
         sys.exit(f"{' '.join(cmd)} failed:\n{proc.stdout}{proc.stderr}")
-    reports = [json.load(open(os.path.join(workdir, f"{backend}-{r}.json"))) for r in range(ranks)]
-    # With the torch backend rank 0's report already holds the job's totals.
-    mine = reports[:1] if backend == "torch" else reports
-    return (sum(r["files_staged"] for r in mine), sum(r["bytes_staged"] for r in mine),
+    # With the torch backend rank 0's report holds the job's totals (the
+    # others write none); without one, every rank reports for itself.
+    reports = []
+    for r in range(1 if backend == "torch" else ranks):
+        with open(os.path.join(workdir, f"{backend}-{r}.json")) as fh:
+            reports.append(json.load(fh))
+    return (sum(r["files_staged"] for r in reports), sum(r["bytes_staged"] for r in reports),
             max(r["wall_s"] for r in reports), elapsed)
 
 
@@ -57,7 +60,11 @@ def main():
                      f"slowfs: {{enabled: true, open_ms: {args.open_ms}, mbps: {args.mbps}}}\n"
                      "plan: {batch_size: 16, epochs: 2}\nstaging: {local_dir: local, prefetchers: 4}\n"
                      "reader: {workers: 1}\n")
-        results = {backend: run(workdir, args.ranks, backend, []) for backend in ("none", "torch")}
+        # Made once beforehand: ranks without a backend would all make it at once.
+        subprocess.run([sys.executable, "-m", "stager", "make-dataset", os.path.join(workdir, "data"), "--samples",
+                        str(args.samples), "--bytes", str(args.bytes), "--quiet"], check=True,
+                       env=dict(os.environ, PYTHONPATH=REPO))
+        results = {backend: run(workdir, args.ranks, backend) for backend in ("none", "torch")}
     print(f"torchrun --nproc_per_node={args.ranks}, 2 epochs of {args.samples} samples of {args.bytes} B, "
           f"{args.open_ms:g} ms per open, {args.mbps:g} MB/s")
     for backend, (files, nbytes, wall, elapsed) in results.items():

@@ -138,6 +138,39 @@ def test_two_agents_are_two_nodes_each_staging_only_what_its_ranks_read(tmp_path
     assert_nothing_left(tmp_path, job)
 
 
+WORLD_PROBE = """
+import json, numpy
+from stager.world import detect
+w = detect()
+a = numpy.arange(5) * (w.rank + 1)
+w.comm.Bcast(a, root=1)
+print(json.dumps([w.source, w.rank, w.size, w.node, w.nodes, w.local_rank, w.local_size,
+                  w.comm.bcast(w.rank, root=1), w.comm.allgather(w.rank * 10), w.comm.gather(w.rank, root=0),
+                  w.node_comm.bcast(w.rank), a.tolist()]))
+"""
+
+
+def test_launcher_variables_alone_give_a_torch_world_grouped_by_host(tmp_path):
+    # No torchrun, no process group: MASTER_ADDR/PORT, RANK, WORLD_SIZE as a
+    # launcher of one's own would set them; stager initialises the group.
+    env = dict(torch_env(tmp_path), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE="2")
+    procs = [subprocess.Popen([sys.executable, "-c", WORLD_PROBE], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=dict(env, RANK=str(r))) for r in (0, 1)]
+    outs = []
+    for proc in procs:
+        try:
+            out, err = proc.communicate(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+        assert proc.returncode == 0, err
+        outs.append(json.loads(out.splitlines()[-1]))
+    host = socket.gethostname()
+    assert outs[0] == ["torch", 0, 2, host, 1, 0, 2, 1, [0, 10], [0, 1], 0, [0, 2, 4, 6, 8]]
+    assert outs[1] == ["torch", 1, 2, host, 1, 1, 2, 1, [0, 10], None, 0, [0, 2, 4, 6, 8]]
+
+
 def test_one_rank_failing_mid_epoch_ends_the_job(tmp_path):
     job = write_job(tmp_path)
     # Endless epochs: only the failure can end this job.
