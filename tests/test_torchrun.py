@@ -220,7 +220,7 @@ def test_torch_example_trains_with_ddp_under_torchrun(tmp_path):
     assert code == 0, out
     assert "epoch 1: loss" in out and "48 samples on rank 0" in out
     assert "2 replicas in sync after 2 epoch(s)" in out
-    assert os.listdir(tmp_path / "local") == []
+    assert_nothing_left(tmp_path, str(tmp_path / "data"))
 
 
 def test_a_restarted_worker_group_resumes_the_example_from_its_checkpoint(tmp_path):
@@ -237,4 +237,4 @@ def test_a_restarted_worker_group_resumes_the_example_from_its_checkpoint(tmp_pa
     resumed = [line for line in out.splitlines() if line.startswith("resumed from epoch")]
     assert len(resumed) == 1 and resumed[0] != "resumed from epoch 0, sample 0", out
     assert "2 replicas in sync after 2 epoch(s)" in out
-    assert os.listdir(tmp_path / "local") == []
+    assert_nothing_left(tmp_path, str(tmp_path / "data"))
