@@ -1,7 +1,8 @@
 """Cost of the plan and of the catalog broadcast at ImageNet scale.
 
     python benchmarks/plan_scale.py                      # plan: one rank of 1,024
-    mpiexec -n 4 python benchmarks/plan_scale.py --bcast # catalog broadcast
+    mpiexec -n 4 python benchmarks/plan_scale.py --bcast # catalog broadcast, MPI
+    torchrun --standalone --nproc_per_node=4 benchmarks/plan_scale.py --bcast   # the same over gloo
 
 The plan part computes, as one of 1,024 ranks would, its share of an epoch of
 a 1.28M-sample catalog, and reports time and peak memory. The broadcast part
@@ -35,9 +36,10 @@ def bench_plan(repeats=5):
 
 
 def bench_bcast():
-    from mpi4py import MPI
+    from stager.world import detect
 
-    comm = MPI.COMM_WORLD
+    world = detect()  # mpi4py under mpiexec, torch.distributed under torchrun
+    comm = world.comm
 
     def build():
         paths = [f"train/n{i % 1000:08d}/n{i % 1000:08d}_{i}.JPEG" for i in range(N)]
@@ -52,13 +54,14 @@ def bench_bcast():
     broadcast_catalog(comm, lambda: catalog)
     elapsed = time.perf_counter() - again
     if comm.Get_rank() == 0:
-        print(f"catalog broadcast: {N:,} entries ({len(catalog.paths_blob()) / 1e6:.1f} MB of paths) to "
-              f"{comm.Get_size()} ranks in {elapsed * 1000:.0f} ms (first call, building it included: "
+        print(f"catalog broadcast ({world.source}): {N:,} entries ({len(catalog.paths_blob()) / 1e6:.1f} MB of "
+              f"paths) to {comm.Get_size()} ranks in {elapsed * 1000:.0f} ms (first call, building it included: "
               f"{(built - begin):.2f} s)")
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--bcast", action="store_true", help="measure the catalog broadcast (under mpiexec)")
+    parser.add_argument("--bcast", action="store_true",
+                        help="measure the catalog broadcast (under mpiexec or torchrun)")
     args = parser.parse_args()
     bench_bcast() if args.bcast else bench_plan()

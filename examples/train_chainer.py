@@ -35,7 +35,7 @@ def main():
     args = parser.parse_args()
 
     cfg = load_config(args.config, args.set)
-    world = detect(cfg.world.mpi)
+    world = detect(cfg.world.mpi, cfg.world.backend)
     install_abort_hook(world)
     with contextlib.ExitStack() as stack:
         cfg = prepare_source(cfg, stack, progress=world.rank == 0, world=world)

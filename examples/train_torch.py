@@ -1,17 +1,25 @@
 """Train a small CNN with DistributedDataParallel, reading through stager.
 
+    .venv/bin/torchrun --nproc_per_node=2 examples/train_torch.py configs/demo.yaml --epochs 2
     .venv/bin/mpiexec -n 2 .venv/bin/python examples/train_torch.py configs/demo.yaml --epochs 2
+    .venv/bin/python examples/train_torch.py configs/demo.yaml --epochs 2
 
 The config describes the dataset (configs/demo.yaml: a synthetic dataset
 behind the emulated slow file system, created and mounted by rank 0) and the
 staging. Each rank trains on its own share of every epoch; gradients are
 averaged by DDP over gloo (CPU). Changing a training script to stager is the
-``StagedLoader`` line.
+``StagedLoader`` line. With ``--checkpoint FILE`` the model, the optimizer
+and the loader's position are saved after every step, and a run that finds
+the file resumes from it: ``torchrun --max-restarts=N`` restarts a failed
+worker group, which then continues where the last step left off.
 """
 
 import argparse
 import contextlib
+import os
+import signal
 import socket
+import sys
 import time
 
 import torch
@@ -37,9 +45,11 @@ class SmallCNN(nn.Module):
 
 
 def init_distributed(world):
-    """Starts a gloo process group at rank 0's address, agreed over MPI."""
+    """The gloo process group DDP uses: torchrun's (stager already initialised it), or one agreed over MPI."""
     if world.size == 1:
         return False
+    if dist.is_initialized():
+        return True
     address = None
     if world.rank == 0:
         with socket.socket() as s:
@@ -50,29 +60,49 @@ def init_distributed(world):
     return True
 
 
+def save_checkpoint(path, model, optimizer, loader):
+    tmp = f"{path}.part"
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "data": loader.state_dict()},
+               tmp)
+    os.replace(tmp, path)  # a crash mid-save leaves the previous checkpoint whole
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("config", help="stager YAML config")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--checkpoint", metavar="FILE", help="save after every step; resume from it if it exists")
     args = parser.parse_args()
 
+    # torchrun's agent stops the other workers with SIGTERM when one fails:
+    # unwinding (rather than dying) stops stager's workers and unmounts.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     cfg = load_config(args.config, args.set)
-    world = detect(cfg.world.mpi)
+    world = detect(cfg.world.mpi, cfg.world.backend)
     install_abort_hook(world)  # one rank's crash ends the job instead of hanging DDP
     torch.manual_seed(0)
     with contextlib.ExitStack() as stack:
-        cfg = prepare_source(cfg, stack, progress=world.rank == 0, world=world)
         distributed = init_distributed(world)
-        if distributed:
+        if distributed:  # last out: stager's own groups live in the default one under torchrun
             stack.callback(dist.destroy_process_group)
+        cfg = prepare_source(cfg, stack, progress=world.rank == 0, world=world)
         model = SmallCNN(cfg.synthetic.classes)
         if distributed:
             model = nn.parallel.DistributedDataParallel(model)
         optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
         loader = stack.enter_context(StagedLoader(cfg, world=world))  # the one line that changes
-        for epoch in range(args.epochs):
+        first = 0
+        if args.checkpoint and os.path.exists(args.checkpoint):
+            saved = torch.load(args.checkpoint)
+            model.load_state_dict(saved["model"])
+            optimizer.load_state_dict(saved["optimizer"])
+            loader.load_state_dict(saved["data"])
+            first = saved["data"]["epoch"]
+            if world.rank == 0:
+                print(f"resumed from epoch {first}, sample {saved['data']['position']}", flush=True)
+        for epoch in range(first, args.epochs):
             loader.set_epoch(epoch)
             begin, seen, total = time.perf_counter(), 0, 0.0
             for images, labels in loader:
@@ -83,6 +113,8 @@ def main():
                 optimizer.step()
                 seen += len(labels)
                 total += loss.item() * len(labels)
+                if args.checkpoint and world.rank == 0:
+                    save_checkpoint(args.checkpoint, model, optimizer, loader)
             wall = time.perf_counter() - begin
             stats = loader.stats
             if world.rank == 0:

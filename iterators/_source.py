@@ -26,7 +26,7 @@ def resolve(config, world=None, catalog=None, overrides=None, build=None):
         config = config_from_dict(config)
     if overrides:
         config = config.replace(**overrides)
-    world = world if world is not None else detect(config.world.mpi)
+    world = world if world is not None else detect(config.world.mpi, config.world.backend)
     if catalog is None:
         catalog = broadcast_catalog(world.comm, build or (lambda: Catalog.load(config.dataset)))
     return config, world, catalog

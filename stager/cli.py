@@ -17,7 +17,7 @@ def _cmd_run(args):
     from .world import abort_on_error, detect
 
     cfg = load_config(args.config, args.set)
-    world = detect(cfg.world.mpi)
+    world = detect(cfg.world.mpi, cfg.world.backend)
     with abort_on_error(world):  # one rank's failure must end the job, not hang it
         s = run_job(cfg, report=args.report, record=args.record, progress=not args.quiet, world=world)
     if world.rank != 0:

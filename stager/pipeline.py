@@ -76,7 +76,7 @@ class Pipeline:
             of ranks the same position continues the same global order.
         on_staged: Optional callable ``(relpath, bytes, epoch)``, called on the
             node leader for each file copied.
-        world: A ``World``; default: ``world.detect(config.world.mpi)`` in ``start()``.
+        world: A ``World``; default: ``world.detect`` from ``config.world`` in ``start()``.
         plan: What this rank reads: a description with ``minibatches(rank)``
             (``plan.PlanSpec``, ``plan.StreamSpec``), which the node's service
             can evaluate too, or an iterable of ``plan.Minibatch`` (front ends
@@ -87,7 +87,7 @@ class Pipeline:
                  plan=None):
         self._dataset, self._plan_cfg = config.dataset, config.plan
         self._staging, self._reader, self._processes = config.staging, config.reader, config.processes
-        self._mpi = config.world.mpi
+        self._world_cfg = config.world
         self.world = world
         self.catalog = catalog
         self.stats = Stats()
@@ -131,7 +131,7 @@ class Pipeline:
 
     def _launch(self):
         if self.world is None:
-            self.world = detect(self._mpi)
+            self.world = detect(self._world_cfg.mpi, self._world_cfg.backend)
         world = self.world
         if self.catalog is None:
             self.catalog = broadcast_catalog(world.comm, lambda: Catalog.load(self._dataset))

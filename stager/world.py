@@ -2,10 +2,12 @@
 
 With an MPI launcher (mpiexec, mpirun, srun --mpi=pmi2), mpi4py gives the
 rank, the size and, through ``Split_type(COMM_TYPE_SHARED)``, the ranks that
-share this node. Without MPI, the launcher's variables give rank and size
-(Open MPI, PMI, Slurm, torchrun), and each rank stages for itself. mpi4py is
-imported only here and only in the rank process: prefetcher and reader
-children never initialise MPI.
+share this node. Under torchrun (or with a torch.distributed process group),
+a gloo group does the same (``torchcomm.py``); a node is one torchrun agent
+(``GROUP_RANK``) on one host. Without either, the launcher's variables give
+rank and size (Open MPI, PMI, Slurm, torchrun), and each rank stages for
+itself. mpi4py and torch are imported only when chosen, and only in the rank
+process: prefetcher and reader children never initialise them.
 
 ``STAGER_NODE_ID`` overrides the node identity: ranks with equal values form
 one node with its own staging directory. It emulates several nodes on one
@@ -13,6 +15,7 @@ machine, e.g. ``mpiexec -n 2 -env STAGER_NODE_ID a CMD : -n 2 -env STAGER_NODE_I
 """
 
 import contextlib
+import importlib.util
 import os
 import socket
 import sys
@@ -21,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from .errors import StagerError
+from .torchcomm import TorchComm, has_env, launched_by_torchrun, node_group
 
 NODE_ENV = "STAGER_NODE_ID"
 
@@ -48,10 +52,13 @@ class World:
         nodes: Number of nodes.
         local_rank: Rank among the ranks of this node.
         local_size: Ranks on this node.
-        comm: mpi4py communicator of all ranks (a duplicate of COMM_WORLD),
-            or None without MPI.
-        node_comm: mpi4py communicator of this node's ranks, or None.
-        source: How the world was found: ``mpi``, ``env:<VAR>`` or ``single``.
+        comm: Communicator of all ranks: mpi4py's (a duplicate of
+            COMM_WORLD) or a ``TorchComm``; None without either.
+        node_comm: Communicator of this node's ranks, or None.
+        source: How the world was found: ``mpi``, ``torch``, ``env:<VAR>``
+            or ``single``.
+        host_shared: Several of the job's nodes run on this machine (several
+            torchrun agents), so each needs a directory of its own.
     """
 
     rank: int = 0
@@ -64,6 +71,7 @@ class World:
     comm: Optional[Any] = None
     node_comm: Optional[Any] = None
     source: str = "single"
+    host_shared: bool = False
 
     @property
     def node_leader(self):
@@ -72,12 +80,22 @@ class World:
 
     @property
     def emulated_node(self):
-        """True when ``STAGER_NODE_ID`` names the node (several per machine)."""
-        return bool(os.environ.get(NODE_ENV))
+        """True when the machine holds several of the job's nodes (``STAGER_NODE_ID``, several agents)."""
+        return self.host_shared or bool(os.environ.get(NODE_ENV))
 
 
 def _launched_by_mpi():
     return any(v in os.environ for v in _MPI_LAUNCH_VARS)
+
+
+def _grouped(comm, name, source, node_comm=None, host_shared=False):
+    """The World of ``comm``'s ranks, a node being the ranks of one ``name`` (collective)."""
+    ordered = sorted(set(comm.allgather(name)))
+    if node_comm is None:
+        node_comm = comm.Split(ordered.index(name), comm.Get_rank())
+    return World(rank=comm.Get_rank(), size=comm.Get_size(), node=name, node_index=ordered.index(name),
+                 nodes=len(ordered), local_rank=node_comm.Get_rank(), local_size=node_comm.Get_size(),
+                 comm=comm, node_comm=node_comm, source=source, host_shared=host_shared)
 
 
 def _from_mpi():
@@ -85,16 +103,20 @@ def _from_mpi():
 
     comm = MPI.COMM_WORLD.Dup()  # our collectives never mix with the user's
     override = os.environ.get(NODE_ENV)
-    name = override or MPI.Get_processor_name()
-    names = comm.allgather(name)
-    ordered = sorted(set(names))
     if override:
-        node_comm = comm.Split(ordered.index(name), comm.Get_rank())
-    else:
-        node_comm = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
-    return World(rank=comm.Get_rank(), size=comm.Get_size(), node=name, node_index=ordered.index(name),
-                 nodes=len(ordered), local_rank=node_comm.Get_rank(), local_size=node_comm.Get_size(),
-                 comm=comm, node_comm=node_comm, source="mpi")
+        return _grouped(comm, override, "mpi")
+    return _grouped(comm, MPI.Get_processor_name(), "mpi", comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank()))
+
+
+def _from_torch():
+    comm = TorchComm.world()
+    override = os.environ.get(NODE_ENV)
+    if override:
+        return _grouped(comm, override, "torch")
+    host, group = socket.gethostname(), node_group()
+    # One agent per node is the rule; several on one host are told apart.
+    shared = len({g for h, g in comm.allgather((host, group)) if h == host}) > 1
+    return _grouped(comm, f"{host}-{group}" if shared else host, "torch", host_shared=shared)
 
 
 def _from_env():
@@ -116,21 +138,42 @@ def _from_env():
     return World(node=node)
 
 
-def detect(mpi="auto"):
-    """Finds this process's world.
+def _choose(mpi):
+    """The backend ``auto`` means here (see ``config.WorldConfig``)."""
+    if mpi == "on":
+        return "mpi"
+    # torchrun's variables win over MPI's: under srun, torchrun's workers
+    # inherit the PMI variables of the task that runs the agent.
+    if launched_by_torchrun():
+        return "torch"
+    if mpi == "auto" and _launched_by_mpi() and importlib.util.find_spec("mpi4py"):
+        return "mpi"
+    if has_env() and importlib.util.find_spec("torch"):
+        return "torch"
+    return "none"
+
+
+def detect(mpi="auto", backend="auto"):
+    """Finds this process's world (collective with the mpi and torch backends).
 
     Args:
-        mpi: ``auto`` (MPI when an MPI launcher started us), ``on`` or ``off``.
+        mpi: ``world.mpi``: ``auto`` (MPI when an MPI launcher started us),
+            ``on`` or ``off``; how ``backend="auto"`` considers MPI.
+        backend: ``world.backend``: ``auto``, ``mpi``, ``torch`` or ``none``.
 
     Returns:
         A World.
     """
-    if mpi == "on" or (mpi == "auto" and _launched_by_mpi()):
+    if backend == "auto":
+        backend = _choose(mpi)
+    if backend == "mpi":
         try:
             return _from_mpi()
         except ImportError:
-            if mpi == "on":
-                raise StagerError("world.mpi is 'on' but mpi4py cannot be imported") from None
+            raise StagerError("world.backend is 'mpi' (or world.mpi is 'on') but mpi4py cannot be imported") \
+                from None
+    if backend == "torch":
+        return _from_torch()
     return _from_env()
 
 
@@ -171,17 +214,21 @@ def agree(comm, produce, error, root=0):
 
 
 def _abort(world, text, code):
+    how = ("aborting the MPI job" if world.source == "mpi" else
+           "exiting at once; the launcher stops the other ranks (torchrun: its agent)")
     sys.stderr.write(f"stager: rank {world.rank} of {world.size} on {world.node}: {text}\n"
-                     "stager: aborting the MPI job so that no rank waits for this one\n")
+                     f"stager: {how} so that no rank waits for this one\n")
     sys.stderr.flush()
     world.comm.Abort(code)
 
 
 @contextlib.contextmanager
 def abort_on_error(world):
-    """Aborts the whole MPI job when the block raises an exception.
+    """Ends the whole job when the block raises an exception.
 
-    The block's own clean-up (``with`` blocks inside it) runs first. Without a
+    Under MPI through ``MPI_Abort``; under torch.distributed this rank exits
+    at once and the launcher stops the others (``TorchComm.Abort``). The
+    block's own clean-up (``with`` blocks inside it) runs first. Without a
     communicator, or with one rank, the exception simply propagates.
     SystemExit and KeyboardInterrupt propagate too: a signal reaches every
     rank, and each cleans up on its own.
@@ -195,11 +242,12 @@ def abort_on_error(world):
 
 
 def install_abort_hook(world):
-    """Makes an uncaught exception on any rank abort the whole MPI job.
+    """Makes an uncaught exception on any rank end the whole job.
 
     Without it, one rank's failure leaves its peers waiting in a collective
     until the allocation ends. The hook prints the rank and the error, then
-    calls ``MPI_Abort``. Nothing happens without a communicator.
+    calls ``MPI_Abort`` (MPI) or exits at once for the launcher to stop the
+    others (torch.distributed). Nothing happens without a communicator.
     """
     if world.comm is None:
         return

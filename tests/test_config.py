@@ -41,6 +41,7 @@ def test_unknown_section_is_named(tmp_path):
     ("plan:\n  batch_size: 0\n", r"plan.batch_size must be at least 1"),
     ("dataset:\n  loader: nosuch\n", r"dataset.loader: 'nosuch' is neither"),
     ("processes:\n  start_method: thread\n", r"processes.start_method must be one of"),
+    ("world:\n  backend: nccl\n", r"world.backend must be 'auto', 'mpi', 'torch' or 'none', not 'nccl'"),
 ])
 def test_wrong_types_and_values_are_named(tmp_path, text, message):
     with pytest.raises(ConfigError, match=message):

@@ -178,9 +178,18 @@ class WorldConfig:
         mpi: ``auto`` uses mpi4py when an MPI launcher started the process
             (mpiexec, mpirun, srun --mpi=pmi2); ``on`` always initialises MPI;
             ``off`` never does and reads the launcher's variables instead.
+        backend: What the ranks' collectives go through. ``auto``:
+            torch.distributed when a process group is initialised or torchrun
+            started the process, else MPI as ``mpi`` says, else
+            torch.distributed when ``MASTER_ADDR``/``MASTER_PORT``/``RANK``/
+            ``WORLD_SIZE`` are set, else none. ``mpi``, ``torch``: that one;
+            ``none``: launcher variables only, each rank staging for itself.
     """
 
     mpi: str = "auto"
+    backend: str = "auto"
 
     def __post_init__(self):
         require(self.mpi in ("auto", "on", "off"), "world.mpi must be 'auto', 'on' or 'off'")
+        require(self.backend in ("auto", "mpi", "torch", "none"),
+                f"world.backend must be 'auto', 'mpi', 'torch' or 'none', not {self.backend!r}")

@@ -59,7 +59,7 @@ def run_job(cfg, report=None, record=None, progress=True, world=None):
         report: Path of a JSON file for the totals (written by rank 0), or None.
         record: Directory for per-rank and per-node records, or None.
         progress: Show a progress bar (rank 0 only).
-        world: A ``World``; default: detected from ``cfg.world.mpi``.
+        world: A ``World``; default: detected from ``cfg.world``.
 
     Returns:
         On rank 0 (or without MPI), the job's totals: sums over ranks of
@@ -67,7 +67,7 @@ def run_job(cfg, report=None, record=None, progress=True, world=None):
         stall seconds; and one entry per rank under ``ranks``. On other
         ranks, this rank's own summary.
     """
-    world = world if world is not None else detect(cfg.world.mpi)
+    world = world if world is not None else detect(cfg.world.mpi, cfg.world.backend)
     progress = progress and world.rank == 0
     with contextlib.ExitStack() as stack:
         cfg = prepare_source(cfg, stack, progress, world)
