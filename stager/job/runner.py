@@ -109,7 +109,7 @@ def run_job(cfg, report=None, record=None, progress=True, world=None):
             if state:  # stopped (SIGTERM, preemption, an error): the next start resumes here
                 state.save(position)
             raise
-        if recorder:
+        if recorder and cfg.staging.capacity:  # a bounded cache's counters are worth a record
             recorder.cache(pipe.stats.cache_table())
         if state:
             if cfg.run.max_batches and (not cfg.plan.epochs or position.epoch < cfg.plan.epochs):
