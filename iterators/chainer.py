@@ -91,7 +91,8 @@ class StagingIterator(_chainer.dataset.Iterator):
 
     def _epoch_order(self, epoch):
         p = self.config.plan
-        return planlib.epoch_order(len(self.catalog), p.seed, epoch, self.shuffle, self.world.size, p.remainder)
+        return planlib.epoch_order(len(self.catalog), p.seed, epoch, self.shuffle, self.world.size, p.remainder,
+                                   algorithm=p.shuffle_algorithm)
 
     def _sampled_order(self, epoch):
         # A custom sampler is stateful: call it once per epoch, in order.

@@ -62,6 +62,12 @@ class PlanConfig:
         remainder: Under MPI, when the sample count is not a multiple of the
             number of ranks: ``pad`` repeats a few samples so every rank reads
             as many, ``drop`` leaves a few out of that epoch.
+        shuffle_algorithm: How epochs are permuted (``plan.shuffles``):
+            ``pcg64`` draws each epoch's whole permutation (the order of
+            every earlier run, the default so that saved runs keep their
+            order); ``feistel`` evaluates each rank's positions on their
+            own, in time and memory proportional to the rank's share (for
+            datasets of tens of millions of samples and more).
     """
 
     batch_size: int = 32
@@ -70,8 +76,13 @@ class PlanConfig:
     shuffle: bool = True
     drop_last: bool = False
     remainder: str = "pad"
+    shuffle_algorithm: str = "pcg64"
 
     def __post_init__(self):
+        from ..plan.shuffles import SHUFFLES  # the registry lives with the plan
+
+        require(self.shuffle_algorithm in SHUFFLES, f"plan.shuffle_algorithm must be one of {sorted(SHUFFLES)}, "
+                                                    f"not {self.shuffle_algorithm!r}")
         require(self.batch_size >= 1, "plan.batch_size must be at least 1")
         require(self.epochs >= 0, "plan.epochs must be 0 (repeat) or more")
         require(self.remainder in ("pad", "drop"), "plan.remainder must be 'pad' or 'drop'")

@@ -55,20 +55,26 @@ def resume_state(position, samples, plan, size):
         size: Number of ranks (for information: a state resumes on any number).
     """
     return {"version": STATE_VERSION, "epoch": position.epoch, "position": position.consumed,
-            "samples": samples, "seed": plan.seed, "shuffle": plan.shuffle, "batch_size": plan.batch_size,
-            "world_size": size}
+            "samples": samples, "seed": plan.seed, "shuffle": plan.shuffle,
+            "shuffle_algorithm": plan.shuffle_algorithm, "batch_size": plan.batch_size, "world_size": size}
 
 
 def resume_position(state, samples, plan):
     """The ``Position`` a ``resume_state`` holds, checked against this run.
 
-    The order depends on the catalog size, the seed and whether epochs are
-    shuffled; batch size and number of ranks may change between runs.
+    The order depends on the catalog size, the seed, whether epochs are
+    shuffled and how (a state saved before ``shuffle_algorithm`` existed
+    was read with ``pcg64``); batch size and number of ranks may change
+    between runs.
 
     Raises:
         ResumeMismatch: Naming the first key that differs.
     """
-    for key, mine in (("samples", samples), ("seed", plan.seed), ("shuffle", plan.shuffle)):
-        if state.get(key) != mine:
-            raise ResumeMismatch(key, state.get(key), mine)
+    saved = {"shuffle_algorithm": "pcg64", **state}
+    checked = [("samples", samples), ("seed", plan.seed), ("shuffle", plan.shuffle)]
+    if plan.shuffle:  # unshuffled reading is the catalog order whatever the algorithm
+        checked.append(("shuffle_algorithm", plan.shuffle_algorithm))
+    for key, mine in checked:
+        if saved.get(key) != mine:
+            raise ResumeMismatch(key, saved.get(key), mine)
     return Position(int(state["epoch"]), int(state["position"]))
