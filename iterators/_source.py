@@ -1,6 +1,7 @@
 """What the front ends share: turning their arguments into stager's parts."""
 
-from stager.catalog import Catalog, broadcast_catalog
+from stager.catalog import Catalog
+from stager.catalog_file import agreed_catalog
 from stager.config import Config, config_from_dict
 from stager.world import detect
 
@@ -12,7 +13,8 @@ def resolve(config, world=None, catalog=None, overrides=None):
         config: A ``Config``, nested dictionaries of config values, or a
             ``Catalog`` (its files, with the default settings).
         world: A ``World``; default: detected from the config.
-        catalog: A ``Catalog``; default: built on rank 0 and broadcast.
+        catalog: A ``Catalog``; default: built on rank 0 and broadcast, or
+            mapped from ``dataset.catalog`` (``catalog_file.agreed_catalog``).
         overrides: Nested dictionaries applied on top of ``config``.
     """
     if isinstance(config, Catalog):
@@ -26,5 +28,5 @@ def resolve(config, world=None, catalog=None, overrides=None):
         config = config.replace(**overrides)
     world = world if world is not None else detect(config.world.mpi)
     if catalog is None:
-        catalog = broadcast_catalog(world.comm, lambda: Catalog.load(config.dataset))
+        catalog = agreed_catalog(world.comm, config.dataset)
     return config, world, catalog

@@ -34,6 +34,12 @@ class DatasetConfig:
         loader: ``raw``, ``npy``, ``hdf5`` or ``module:function`` taking a path.
         hdf5_key: Dataset name inside each ``.h5`` file for the hdf5 loader.
         extensions: When scanning, keep only files with these suffixes.
+        catalog: A catalog file made by ``stager catalog build``, used
+            instead of listing the source. None: rank 0 lists the source
+            and broadcasts the catalog.
+        broadcast_max: Entries up to which a catalog file is read by rank 0
+            and broadcast; a larger one is memory-mapped by every rank, which
+            then reads only the entries it uses.
     """
 
     source: str = path_field("")
@@ -41,11 +47,14 @@ class DatasetConfig:
     loader: str = "npy"
     hdf5_key: str = "data"
     extensions: List[str] = field(default_factory=list)
+    catalog: Optional[str] = path_field(None)
+    broadcast_max: int = 1_000_000
 
     def __post_init__(self):
         from ..loaders import check_loader_name  # the registry lives with the loaders
 
         check_loader_name(self.loader)
+        require(self.broadcast_max >= 0, "dataset.broadcast_max must be 0 (always map a catalog file) or more")
 
 
 
