@@ -99,17 +99,15 @@ def read_header(path):
     try:
         with open(path, "rb") as fh:
             raw = fh.read(HEADER.size)
-            magic, version, entries, blob_len, flags, total, root_len = HEADER.unpack(raw)
-            root = fh.read(root_len).decode("utf-8")
+            if len(raw) < HEADER.size or not raw.startswith(MAGIC):
+                raise CatalogError(f"{path} is not a stager catalog file (build one with `stager catalog build`)")
+            _, version, entries, blob_len, flags, total, root_len = HEADER.unpack(raw)
+            if version != VERSION:
+                raise CatalogError(f"{path}: catalog file version {version}, this stager reads version {VERSION}")
+            root = fh.read(min(root_len, 1 << 16)).decode("utf-8", "replace")
         length = os.path.getsize(path)
     except OSError as exc:
         raise CatalogError(f"cannot read catalog file {path}: {exc.strerror}") from None
-    except struct.error:
-        raise CatalogError(f"{path} is not a stager catalog file (too short)") from None
-    if magic != MAGIC:
-        raise CatalogError(f"{path} is not a stager catalog file (build one with `stager catalog build`)")
-    if version != VERSION:
-        raise CatalogError(f"{path}: catalog file version {version}, this stager reads version {VERSION}")
     sections, expected = layout(entries, blob_len, flags, root_len)
     if length != expected:
         raise CatalogError(f"{path}: {length} bytes, its header says {expected}: truncated or damaged")
