@@ -18,6 +18,7 @@ renamed, so a reader never maps half a catalog.
 """
 
 import logging
+import mmap
 import os
 import struct
 
@@ -130,7 +131,12 @@ class MappedCatalog(Catalog):
         self.file = os.path.abspath(path)
         head = read_header(self.file)
         n, at = head["entries"], head["sections"]
-        mapped = np.memmap(self.file, dtype=np.uint8, mode="r")
+        with open(self.file, "rb") as fh:
+            view = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        # Ranks read entries in shuffled order: reading ahead would bring in
+        # pages of entries nobody asked for.
+        view.madvise(mmap.MADV_RANDOM)
+        mapped = np.frombuffer(view, dtype=np.uint8)
 
         def section(name, count):
             return None if at[name] is None else mapped[at[name]:at[name] + 8 * count].view("<i8")
