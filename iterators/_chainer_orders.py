@@ -61,16 +61,6 @@ def check_order(order, n, source, length=None, permutation=False):
     return arr.astype(numpy.int64, copy=True)
 
 
-def fit(order, size, remainder):
-    """Makes an order divisible by the number of ranks, as ``plan.epoch_order`` does."""
-    extra = len(order) % size
-    if extra == 0:
-        return order
-    if remainder == "pad":
-        return numpy.concatenate([order, numpy.resize(order, size - extra)])
-    return order[:len(order) - extra]
-
-
 class OrderBook:
     """Each epoch's order over the whole dataset, shared by the iterator and its plan.
 
@@ -87,9 +77,11 @@ class OrderBook:
         seed: stager's plan seed, for the unsampled permutations.
         size: Number of ranks.
         remainder: ``plan.remainder``, for orders that ranks cannot share equally.
+        algorithm: ``plan.shuffle_algorithm``, for the unsampled permutations.
     """
 
-    def __init__(self, n, batch_size, shuffle, sampler, seed, size, remainder):
+    def __init__(self, n, batch_size, shuffle, sampler, seed, size, remainder, algorithm="pcg64"):
+        self.algorithm = algorithm
         self.n = n
         self.batch_size = batch_size
         self.shuffle = shuffle
@@ -144,7 +136,7 @@ class OrderBook:
             if self.sampler is None:
                 if epoch in self._orders:
                     return self._orders[epoch]
-                return planlib.permutation(self.n, self.seed, epoch, self.shuffle)
+                return planlib.permutation(self.n, self.seed, epoch, self.shuffle, algorithm=self.algorithm)
             known = [e for e in self._orders if e <= epoch]
             if not known:
                 raise ValueError(f"no order is known for epoch {epoch} (the earliest kept is "
@@ -158,7 +150,7 @@ class OrderBook:
 
     def fitted(self, epoch):
         """Epoch ``epoch``'s order as the ranks share it."""
-        return fit(self.raw(epoch), self.size, self.remainder)
+        return planlib.fit_to_ranks(self.raw(epoch), self.size, self.remainder)
 
     def forget_before(self, epoch):
         """Drops the orders no longer needed once the consumer is in ``epoch``."""

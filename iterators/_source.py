@@ -1,6 +1,7 @@
 """What the front ends share: turning their arguments into stager's parts."""
 
 from stager.catalog import Catalog, broadcast_catalog
+from stager.catalog_file import agreed_catalog
 from stager.config import Config, config_from_dict
 from stager.world import detect
 
@@ -12,7 +13,8 @@ def resolve(config, world=None, catalog=None, overrides=None, build=None):
         config: A ``Config``, nested dictionaries of config values, or a
             ``Catalog`` (its files, with the default settings).
         world: A ``World``; default: detected from the config.
-        catalog: A ``Catalog``; default: built on rank 0 and broadcast.
+        catalog: A ``Catalog``; default: built on rank 0 and broadcast, or
+            mapped from ``dataset.catalog`` (``catalog_file.agreed_catalog``).
         overrides: Nested dictionaries applied on top of ``config``.
         build: Callable returning the ``Catalog``, run on rank 0 when
             ``catalog`` is None; default: ``Catalog.load(config.dataset)``.
@@ -28,5 +30,6 @@ def resolve(config, world=None, catalog=None, overrides=None, build=None):
         config = config.replace(**overrides)
     world = world if world is not None else detect(config.world.mpi, config.world.backend)
     if catalog is None:
-        catalog = broadcast_catalog(world.comm, build or (lambda: Catalog.load(config.dataset)))
+        catalog = (broadcast_catalog(world.comm, build) if build is not None
+                   else agreed_catalog(world.comm, config.dataset))
     return config, world, catalog

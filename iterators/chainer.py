@@ -104,7 +104,7 @@ class StagingIterator(_chainer.dataset.Iterator):
         self.dataset_timeout = dataset_timeout
         p = self.config.plan
         self._orders = OrderBook(len(self.catalog), batch_size, self.shuffle, order_sampler, p.seed,
-                                 self.world.size, p.remainder)
+                                 self.world.size, p.remainder, p.shuffle_algorithm)
         self.reset()
 
     # Protocol -------------------------------------------------------------

@@ -64,9 +64,8 @@ class StagedLoader(IterableDataset):
     def __len__(self):
         """Minibatches this rank delivers in the current epoch from the current position."""
         p = self.config.plan
-        order = planlib.epoch_order(len(self.catalog), p.seed, self._epoch, p.shuffle, self.world.size,
-                                    p.remainder, self._position)
-        return len(planlib.rank_share(order, p.batch_size, p.drop_last, self.world.rank, self.world.size))
+        length = planlib.fitted_length(len(self.catalog), self.world.size, p.remainder, self._position)
+        return planlib.step_count(length, p.batch_size, p.drop_last, self.world.size)
 
     def __iter__(self):
         if get_worker_info() is not None:

@@ -2,7 +2,9 @@
 
 Paths are held as one UTF-8 blob plus offsets and sizes/labels as numpy
 arrays, so a catalog of millions of samples is a few arrays (cheap to keep,
-pickle and broadcast) rather than millions of Python objects.
+pickle and broadcast) rather than millions of Python objects. Those arrays
+may also be views of a mapped catalog file (``catalog_file``), which only
+reads the entries that are used.
 """
 
 import os
@@ -19,7 +21,8 @@ class Catalog:
 
     Args:
         root: Dataset root directory.
-        blob: All relative paths, UTF-8, concatenated.
+        blob: All relative paths, UTF-8, concatenated (bytes, or a uint8
+            array, kept as it is: a mapped file stays mapped).
         offsets: Start of each path in ``blob``, plus the end.
         sizes: Size of each file in bytes.
         labels: Integer label per sample, or None.
@@ -27,7 +30,7 @@ class Catalog:
 
     def __init__(self, root, blob, offsets, sizes, labels=None, mtimes=None):
         self.root = os.path.abspath(root)
-        self._blob = bytes(blob)
+        self._blob = blob if isinstance(blob, np.ndarray) else bytes(blob)
         self._offsets = np.asarray(offsets, dtype=np.int64)
         self.sizes = np.asarray(sizes, dtype=np.int64)
         self.labels = None if labels is None else np.asarray(labels, dtype=np.int64)
@@ -56,11 +59,16 @@ class Catalog:
 
     def path(self, index):
         """Returns the relative path of sample ``index``."""
-        return self._blob[self._offsets[index]:self._offsets[index + 1]].decode("utf-8")
+        return bytes(self._blob[self._offsets[index]:self._offsets[index + 1]]).decode("utf-8")
 
     def rooted(self, root):
         """The same samples under another root (a local copy of the dataset)."""
         return Catalog(root, self._blob, self._offsets, self.sizes, self.labels, self.mtimes)
+
+    @property
+    def offsets(self):
+        """Where each path starts in ``paths_blob()``, plus the end."""
+        return self._offsets
 
     def paths_blob(self):
         """All relative paths, UTF-8, concatenated (see ``path`` for the cut)."""
@@ -82,7 +90,10 @@ class Catalog:
         def same(a, b):
             return (a is None and b is None) or (a is not None and b is not None and np.array_equal(a, b))
 
-        return (isinstance(other, Catalog) and self.root == other.root and self._blob == other._blob
+        def blob(c):
+            return np.frombuffer(c._blob, dtype=np.uint8)
+
+        return (isinstance(other, Catalog) and self.root == other.root and same(blob(self), blob(other))
                 and same(self._offsets, other._offsets) and same(self.sizes, other.sizes)
                 and same(self.labels, other.labels) and same(self.mtimes, other.mtimes))
 

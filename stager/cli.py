@@ -1,6 +1,7 @@
 """The ``stager`` command."""
 
 import argparse
+import logging
 import os
 import signal
 import sys
@@ -132,6 +133,23 @@ def _ints(text):
         raise argparse.ArgumentTypeError(f"expected numbers separated by commas, got {text!r}") from None
 
 
+def _cmd_catalog(args):
+    import time
+
+    from .catalog_build import build_catalog
+    from .world import abort_on_error, detect
+
+    world = detect("auto")
+    begin = time.perf_counter()
+    with abort_on_error(world):
+        entries, total = build_catalog(args.source, args.output, args.extensions, args.manifest, world.comm)
+    if world.rank == 0:
+        seconds = time.perf_counter() - begin
+        print(f"wrote {args.output}: {entries} entries, {total / 1e9:.3f} GB of samples; {seconds:.2f} s on "
+              f"{world.size} rank(s), {entries / seconds:,.0f} entries/s")
+    return 0
+
+
 def _cmd_config(args):
     cfg = load_config(args.config, args.set)
     sys.stdout.write(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
@@ -236,6 +254,19 @@ def build_parser():
     p.add_argument("--markdown", metavar="FILE", help="put the tables into FILE (e.g. docs/benchmarks.md)")
     p.set_defaults(func=_cmd_bench)
 
+    p = sub.add_parser("catalog", help="build a catalog file that nodes map instead of receiving it whole",
+                       description="Catalog files for dataset.catalog.")
+    csub = p.add_subparsers(dest="action", required=True)
+    b = csub.add_parser("build", help="list SRC once and write its catalog file",
+                        description="List SRC (scan, or --manifest) and write the catalog file CATALOG, which "
+                                    "dataset.catalog names. Under mpiexec the ranks scan SRC's first-level "
+                                    "subdirectories in parallel and write their parts in place.")
+    b.add_argument("source", metavar="SRC", help="dataset root (dataset.source)")
+    b.add_argument("-o", "--output", metavar="CATALOG", required=True, help="catalog file to write")
+    b.add_argument("--manifest", help="read this manifest instead of scanning (relative to SRC)")
+    b.add_argument("--extensions", nargs="*", default=[], help="when scanning, keep only these suffixes")
+    b.set_defaults(func=_cmd_catalog)
+
     p = sub.add_parser("config", help="print the effective config (all keys, with defaults)",
                        description="Print the effective configuration as YAML: CONFIG (optional) with "
                                    "--set overrides applied, every key shown.")
@@ -243,6 +274,17 @@ def build_parser():
     p.add_argument("--set", action="append", metavar="KEY=VALUE", default=[])
     p.set_defaults(func=_cmd_config)
     return parser
+
+
+def _show_stager_log():
+    # A command's user should see stager's own notes (which catalog path a
+    # run takes), not every library's INFO lines.
+    logger = logging.getLogger("stager")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
 
 
 def _on_sigterm(signum, frame):
@@ -255,6 +297,7 @@ def main(argv=None):
     """Entry point of the ``stager`` console script."""
     args = build_parser().parse_args(argv)
     signal.signal(signal.SIGTERM, _on_sigterm)
+    _show_stager_log()
     try:
         return args.func(args)
     except StagerError as exc:

@@ -37,7 +37,7 @@ import weakref
 from . import plan as planlib
 from . import telemetry as tm
 from .cache import Cache, check_window, policy_name, resolve_capacity
-from .catalog import Catalog, broadcast_catalog
+from .catalog_file import agreed_catalog
 from .coordinator import END, Batch, Channels, Coordinator
 from .errors import ConfigError, StageError
 from .jobdir import JobDir, agreed_job_id
@@ -65,8 +65,9 @@ class Pipeline:
     Args:
         config: A ``Config``; the pipeline keeps the sections it reads
             (dataset, plan, staging, reader, processes, world).
-        catalog: The samples; default: built on rank 0 from
-            ``config.dataset`` and broadcast, in ``start()``.
+        catalog: The samples; default, in ``start()``: built on rank 0 from
+            ``config.dataset`` and broadcast, or mapped from the catalog file
+            ``dataset.catalog`` (see ``catalog_file.agreed_catalog``).
         loader: Overrides ``config.dataset.loader``: a registry name,
             ``module:function`` or a callable taking a path (it must be
             picklable unless the start method is ``fork``).
@@ -134,7 +135,7 @@ class Pipeline:
             self.world = detect(self._world_cfg.mpi, self._world_cfg.backend)
         world = self.world
         if self.catalog is None:
-            self.catalog = broadcast_catalog(world.comm, lambda: Catalog.load(self._dataset))
+            self.catalog = agreed_catalog(world.comm, self._dataset)
         spec, minibatches = self._rank_plan()
         ch, ctx = self._ch, multiprocessing.get_context(self._processes.start_method)
         source = open_source(self.catalog.root)

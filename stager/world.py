@@ -213,6 +213,38 @@ def agree(comm, produce, error, root=0):
     return outcome[1]
 
 
+def everyone(comm, produce, error):
+    """Runs ``produce()`` on every rank; if it fails on any, every rank raises.
+
+    For work each rank does on its own before the next collective (mapping a
+    file, writing its part of one): a rank that failed alone would leave the
+    others waiting in that collective.
+
+    Args:
+        comm: mpi4py communicator, or None (then ``produce()`` is returned).
+        produce: Callable run on every rank.
+        error: Callable ``(rank, text) -> exception`` raised on the ranks
+            that did not fail, for the first rank that did.
+
+    Returns:
+        This rank's ``produce()`` result.
+    """
+    if comm is None:
+        return produce()
+    result, failure, text = None, None, None
+    try:
+        result = produce()
+    except Exception as exc:
+        failure, text = exc, f"{type(exc).__name__}: {exc}"
+    texts = comm.allgather(text)
+    if failure is not None:
+        raise failure
+    for rank, text in enumerate(texts):
+        if text is not None:
+            raise error(rank, text)
+    return result
+
+
 def _abort(world, text, code):
     how = ("aborting the MPI job" if world.source == "mpi" else
            "exiting at once; the launcher stops the other ranks (torchrun: its agent)")

@@ -34,6 +34,12 @@ class DatasetConfig:
         loader: ``raw``, ``npy``, ``hdf5`` or ``module:function`` taking a path.
         hdf5_key: Dataset name inside each ``.h5`` file for the hdf5 loader.
         extensions: When scanning, keep only files with these suffixes.
+        catalog: A catalog file made by ``stager catalog build``, used
+            instead of listing the source. None: rank 0 lists the source
+            and broadcasts the catalog.
+        broadcast_max: Entries up to which a catalog file is read by rank 0
+            and broadcast; a larger one is memory-mapped by every rank, which
+            then reads only the entries it uses.
     """
 
     source: str = path_field("")
@@ -41,11 +47,14 @@ class DatasetConfig:
     loader: str = "npy"
     hdf5_key: str = "data"
     extensions: List[str] = field(default_factory=list)
+    catalog: Optional[str] = path_field(None)
+    broadcast_max: int = 1_000_000
 
     def __post_init__(self):
         from ..loaders import check_loader_name  # the registry lives with the loaders
 
         check_loader_name(self.loader)
+        require(self.broadcast_max >= 0, "dataset.broadcast_max must be 0 (always map a catalog file) or more")
 
 
 
@@ -62,6 +71,12 @@ class PlanConfig:
         remainder: Under MPI, when the sample count is not a multiple of the
             number of ranks: ``pad`` repeats a few samples so every rank reads
             as many, ``drop`` leaves a few out of that epoch.
+        shuffle_algorithm: How epochs are permuted (``plan.shuffles``):
+            ``pcg64`` draws each epoch's whole permutation (the order of
+            every earlier run, the default so that saved runs keep their
+            order); ``feistel`` evaluates each rank's positions on their
+            own, in time and memory proportional to the rank's share (for
+            datasets of tens of millions of samples and more).
     """
 
     batch_size: int = 32
@@ -70,8 +85,13 @@ class PlanConfig:
     shuffle: bool = True
     drop_last: bool = False
     remainder: str = "pad"
+    shuffle_algorithm: str = "pcg64"
 
     def __post_init__(self):
+        from ..plan.shuffles import SHUFFLES  # the registry lives with the plan
+
+        require(self.shuffle_algorithm in SHUFFLES, f"plan.shuffle_algorithm must be one of {sorted(SHUFFLES)}, "
+                                                    f"not {self.shuffle_algorithm!r}")
         require(self.batch_size >= 1, "plan.batch_size must be at least 1")
         require(self.epochs >= 0, "plan.epochs must be 0 (repeat) or more")
         require(self.remainder in ("pad", "drop"), "plan.remainder must be 'pad' or 'drop'")

@@ -11,7 +11,7 @@ import sys
 import time
 
 from .. import plan as planlib
-from ..catalog import Catalog, broadcast_catalog
+from ..catalog_file import agreed_catalog
 from ..pipeline import Pipeline
 from ..world import detect
 from .progress import Progress
@@ -71,7 +71,7 @@ def run_job(cfg, report=None, record=None, progress=True, world=None):
     progress = progress and world.rank == 0
     with contextlib.ExitStack() as stack:
         cfg = prepare_source(cfg, stack, progress, world)
-        catalog = broadcast_catalog(world.comm, lambda: Catalog.load(cfg.dataset))
+        catalog = agreed_catalog(world.comm, cfg.dataset)
         recorder = None
         if record:
             recorder = Recorder(record, catalog, world)

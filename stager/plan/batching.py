@@ -4,7 +4,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .order import epoch_order, rank_share
+from .shares import epoch_share
 
 
 @dataclass(frozen=True)
@@ -41,8 +41,11 @@ def iterate(n, plan, start_epoch=0, start_sample=0, rank=0, size=1):
 
     Args:
         n: Number of samples.
-        plan: A ``PlanConfig`` (batch_size, epochs, seed, shuffle, drop_last,
-            remainder); ``epochs == 0`` repeats without end.
+        plan: A ``PlanConfig`` (batch_size, epochs, seed, shuffle,
+            shuffle_algorithm, drop_last, remainder); ``epochs == 0`` repeats
+            without end. Only this rank's positions are evaluated, so with
+            a shuffle that does not materialise (``feistel``) an epoch costs
+            time and memory in proportion to the rank's share.
         start_epoch: First epoch to yield.
         start_sample: Samples of ``start_epoch``'s global order already
             consumed by all ranks together (``Minibatch.end`` of the last one
@@ -56,19 +59,16 @@ def iterate(n, plan, start_epoch=0, start_sample=0, rank=0, size=1):
     """
     if not 0 <= rank < size:
         raise ValueError(f"rank {rank} outside a world of size {size}")
-    span = plan.batch_size * size
     epoch, start = start_epoch, start_sample
     while plan.epochs == 0 or epoch < plan.epochs:
-        order = epoch_order(n, plan.seed, epoch, plan.shuffle, size, plan.remainder, start)
-        batches = rank_share(order, plan.batch_size, plan.drop_last, rank, size)
-        if not batches and start == 0:
+        empty = True
+        for step, indices, end, last in epoch_share(n, plan, epoch, rank, size, start):
+            empty = False
+            yield Minibatch(epoch, step, indices, end, last)
+        if empty and start == 0:
             raise ValueError(f"epoch {epoch} has no minibatch: {n} samples, {size} rank(s), "
                              f"batch_size {plan.batch_size}, drop_last {plan.drop_last}, "
                              f"remainder {plan.remainder!r}")
-        first = start // span
-        for k, indices in enumerate(batches):
-            end = start + min((k + 1) * span, len(order))
-            yield Minibatch(epoch, first + k, indices, end, k == len(batches) - 1)
         epoch, start = epoch + 1, 0
 
 

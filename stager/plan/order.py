@@ -8,11 +8,14 @@ compute any part of the plan ahead of time, without talking to the others.
 
 import numpy as np
 
+from .shares import fitted_length, step_count
+from .shuffles import DEFAULT, algorithm as shuffle_algorithm
 
-def permutation(n, seed, epoch, shuffle=True):
-    """Returns the order of the ``n`` catalog indices for one epoch.
 
-    The generator is seeded with (seed, epoch), so each epoch has its own
+def permutation(n, seed, epoch, shuffle=True, algorithm=DEFAULT):
+    """Returns the order of the ``n`` catalog indices for one epoch, whole.
+
+    The shuffle is keyed with (seed, epoch), so each epoch has its own
     permutation and every process that knows the seed computes the same one.
 
     Args:
@@ -20,14 +23,12 @@ def permutation(n, seed, epoch, shuffle=True):
         seed: Run seed.
         epoch: Epoch number.
         shuffle: False returns ``0..n-1``.
+        algorithm: Name in ``shuffles.SHUFFLES`` (``plan.shuffle_algorithm``).
     """
-    if not shuffle:
-        return np.arange(n, dtype=np.int64)
-    rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, epoch])))
-    return rng.permutation(n).astype(np.int64, copy=False)
+    return shuffle_algorithm(algorithm, shuffle).forward(n, seed, epoch)(np.arange(n, dtype=np.int64))
 
 
-def epoch_order(n, seed, epoch, shuffle=True, size=1, remainder="pad", start=0):
+def epoch_order(n, seed, epoch, shuffle=True, size=1, remainder="pad", start=0, algorithm=DEFAULT):
     """The epoch's global order from a position on, made divisible by the number of ranks.
 
     Args:
@@ -45,8 +46,9 @@ def epoch_order(n, seed, epoch, shuffle=True, size=1, remainder="pad", start=0):
             same position gives the same rest of the epoch whatever ``size``
             was before, which is what makes resuming on another number of
             ranks exact.
+        algorithm: Shuffle name (see ``permutation``).
     """
-    perm = permutation(n, seed, epoch, shuffle)
+    perm = permutation(n, seed, epoch, shuffle, algorithm)
     return fit_to_ranks(perm[start:], size, remainder, fill=perm)
 
 
@@ -73,12 +75,11 @@ def fit_to_ranks(order, size, remainder, fill=None):
 
 def steps_per_epoch(n, batch_size, drop_last, size=1, remainder="pad"):
     """Number of minibatches in one epoch, the same on every rank."""
-    per_rank = (n + (-n) % size) // size if remainder == "pad" else n // size
-    return per_rank // batch_size if drop_last else -(-per_rank // batch_size)
+    return step_count(fitted_length(n, size, remainder), batch_size, drop_last, size)
 
 
 def epoch_minibatches(n, batch_size, seed, epoch, shuffle=True, drop_last=False, rank=0, size=1,
-                      remainder="pad"):
+                      remainder="pad", algorithm=DEFAULT):
     """Cuts one epoch's permutation into one rank's minibatch index arrays.
 
     The permutation is cut into global minibatches of ``batch_size * size``
@@ -97,11 +98,12 @@ def epoch_minibatches(n, batch_size, seed, epoch, shuffle=True, drop_last=False,
         rank: This rank, ``0 <= rank < size``.
         size: Number of ranks.
         remainder: ``"pad"`` or ``"drop"``; see ``epoch_order``.
+        algorithm: Shuffle name (see ``permutation``).
 
     Returns:
         A list of int64 arrays.
     """
-    order = epoch_order(n, seed, epoch, shuffle, size, remainder)
+    order = epoch_order(n, seed, epoch, shuffle, size, remainder, algorithm=algorithm)
     return rank_share(order, batch_size, drop_last, rank, size)
 
 

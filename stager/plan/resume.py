@@ -56,8 +56,8 @@ def resume_state(position, samples, plan, size):
         size: Number of ranks (for information: a state resumes on any number).
     """
     return {"version": STATE_VERSION, "epoch": position.epoch, "position": position.consumed,
-            "samples": samples, "seed": plan.seed, "shuffle": plan.shuffle, "batch_size": plan.batch_size,
-            "world_size": size}
+            "samples": samples, "seed": plan.seed, "shuffle": plan.shuffle,
+            "shuffle_algorithm": plan.shuffle_algorithm, "batch_size": plan.batch_size, "world_size": size}
 
 
 def check_count(name, value, where):
@@ -73,8 +73,10 @@ def check_count(name, value, where):
 def resume_position(state, samples, plan, where="state"):
     """The ``Position`` a ``resume_state`` holds, checked against this run.
 
-    The order depends on the catalog size, the seed and whether epochs are
-    shuffled; batch size and number of ranks may change between runs.
+    The order depends on the catalog size, the seed, whether epochs are
+    shuffled and how (a state saved before ``shuffle_algorithm`` existed
+    was read with ``pcg64``); batch size and number of ranks may change
+    between runs.
 
     Args:
         state: What ``resume_state`` made.
@@ -86,9 +88,13 @@ def resume_position(state, samples, plan, where="state"):
         ResumeMismatch: Naming the first key that differs.
         ValueError: For an epoch or position that is not a non-negative integer.
     """
-    for key, mine in (("samples", samples), ("seed", plan.seed), ("shuffle", plan.shuffle)):
-        if state.get(key) != mine:
-            raise ResumeMismatch(key, state.get(key), mine)
+    saved = {"shuffle_algorithm": "pcg64", **state}
+    checked = [("samples", samples), ("seed", plan.seed), ("shuffle", plan.shuffle)]
+    if plan.shuffle:  # unshuffled reading is the catalog order whatever the algorithm
+        checked.append(("shuffle_algorithm", plan.shuffle_algorithm))
+    for key, mine in checked:
+        if saved.get(key) != mine:
+            raise ResumeMismatch(key, saved.get(key), mine)
     for key in ("epoch", "position"):
         check_count(key, state.get(key), f"{where}[{key!r}]")
     return Position(int(state["epoch"]), int(state["position"]))

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 from .batching import iterate, stream
 from .order import epoch_order
 from .resume import Position
+from .shuffles import DEFAULT
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,7 @@ class PlanSpec:
         remainder: ``pad`` or ``drop`` (see ``epoch_order``).
         size: Number of ranks.
         start: Where reading starts.
+        shuffle_algorithm: Name in ``shuffles.SHUFFLES``.
     """
 
     samples: int
@@ -35,12 +37,13 @@ class PlanSpec:
     remainder: str
     size: int
     start: Position = Position()
+    shuffle_algorithm: str = DEFAULT
 
     @classmethod
     def from_config(cls, samples, plan, size=1, start=Position()):
         """The description of reading ``plan`` (a ``PlanConfig``) over ``samples`` on ``size`` ranks."""
         return cls(samples, plan.batch_size, plan.epochs, plan.seed, plan.shuffle, plan.drop_last,
-                   plan.remainder, size, start)
+                   plan.remainder, size, start, plan.shuffle_algorithm)
 
     def minibatches(self, rank):
         """Rank ``rank``'s minibatches (see ``iterate``)."""
@@ -60,6 +63,7 @@ class StreamSpec:
         size: Number of ranks.
         start: Samples of the stream consumed by all ranks together.
         repeat: Read epochs without end; False stops after epoch 0.
+        shuffle_algorithm: Name in ``shuffles.SHUFFLES``.
     """
 
     samples: int
@@ -70,10 +74,12 @@ class StreamSpec:
     size: int
     start: int = 0
     repeat: bool = True
+    shuffle_algorithm: str = DEFAULT
 
     def order(self, epoch):
         """Epoch ``epoch``'s global order."""
-        return epoch_order(self.samples, self.seed, epoch, self.shuffle, self.size, self.remainder)
+        return epoch_order(self.samples, self.seed, epoch, self.shuffle, self.size, self.remainder,
+                           algorithm=self.shuffle_algorithm)
 
     def minibatches(self, rank):
         """Rank ``rank``'s minibatches (see ``stream``)."""

@@ -169,10 +169,39 @@ class PosixSource:
         root = self.root
         if not os.path.isdir(root):
             raise CatalogError(f"dataset root {root} is not a directory")
-        real_root = os.path.realpath(root)
-        paths, sizes, mtimes = [], [], []
-        for dirpath, dirnames, filenames in os.walk(real_root):
-            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        found = list(self.walk(extensions))
+        if not found:
+            raise CatalogError(f"dataset at {root} has no samples"
+                               + (f" with extensions {list(extensions)}" if extensions else ""))
+        paths, sizes, mtimes = (list(column) for column in zip(*found))
+        labels = None
+        if all("/" in p for p in paths):
+            classes = sorted({p.split("/", 1)[0] for p in paths})
+            index = {c: i for i, c in enumerate(classes)}
+            labels = [index[p.split("/", 1)[0]] for p in paths]
+        return Listing(paths, sizes, labels, mtimes)
+
+    def subtrees(self):
+        """The root's first-level subdirectories, sorted, hidden ones left out: the parts of a parallel scan."""
+        with os.scandir(os.path.realpath(self.root)) as entries:
+            # A linked directory is not followed by the scan either.
+            return sorted(e.name for e in entries
+                          if not e.name.startswith(".") and e.is_dir(follow_symlinks=False))
+
+    def walk(self, extensions=(), top="", recurse=True):
+        """Yields ``(relpath, size, mtime_ns)`` of the files under ``top``, in scan order.
+
+        Args:
+            extensions: Keep only files ending in one of these; empty keeps all.
+            top: A subdirectory of the root ("" for the root itself).
+            recurse: False lists ``top``'s own files only.
+
+        Raises:
+            CatalogError: If a symbolic link points outside the root.
+        """
+        real_root = os.path.realpath(self.root)
+        for dirpath, dirnames, filenames in os.walk(os.path.join(real_root, top)):
+            dirnames[:] = sorted(d for d in dirnames if not d.startswith(".")) if recurse else []
             for name in sorted(filenames):
                 if name.startswith(".") or (extensions and not name.endswith(tuple(extensions))):
                     continue
@@ -184,15 +213,4 @@ class PosixSource:
                 if not os.path.isfile(real):
                     continue
                 st = os.stat(real)
-                paths.append(rel)
-                sizes.append(st.st_size)
-                mtimes.append(st.st_mtime_ns)
-        if not paths:
-            raise CatalogError(f"dataset at {root} has no samples"
-                               + (f" with extensions {list(extensions)}" if extensions else ""))
-        labels = None
-        if all("/" in p for p in paths):
-            classes = sorted({p.split("/", 1)[0] for p in paths})
-            index = {c: i for i, c in enumerate(classes)}
-            labels = [index[p.split("/", 1)[0]] for p in paths]
-        return Listing(paths, sizes, labels, mtimes)
+                yield rel, st.st_size, st.st_mtime_ns

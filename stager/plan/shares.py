@@ -1,0 +1,116 @@
+"""One rank's share of an epoch as positions, without the rest of the epoch.
+
+An epoch's *fitted order* is its permutation from a start position on, made
+divisible by the number of ranks (``order.fit_to_ranks``); it is cut into
+global minibatches of ``batch_size * size`` samples, and rank ``r`` reads the
+``r``-th contiguous share of each. Everything here is arithmetic on
+positions of that order, so a rank lists what it reads in time and memory
+proportional to its share; the shuffle algorithm then turns positions into
+catalog indices.
+"""
+
+import numpy as np
+
+from .shuffles import algorithm
+
+BLOCK = 1 << 16  # positions turned into indices at once: bounds memory when one rank reads a huge epoch
+
+
+def fitted_length(n, size, remainder, start=0):
+    """Length of the fitted order: ``n - start`` samples padded or cut to a multiple of ``size``."""
+    left = n - start
+    extra = left % size
+    if extra == 0:
+        return left
+    if remainder == "pad":
+        return left + size - extra
+    if remainder == "drop":
+        return left - extra
+    raise ValueError(f"remainder must be 'pad' or 'drop', not {remainder!r}")
+
+
+def permutation_positions(fitted, n, start=0):
+    """Positions of the permutation read at positions ``fitted`` of the fitted order.
+
+    The fitted order is ``perm[start:]`` followed, with ``pad``, by the
+    permutation's first samples again (cyclically).
+    """
+    q = np.asarray(fitted, dtype=np.int64)
+    left = n - start
+    return np.where(q < left, q + start, (q - left) % n)
+
+
+def step_count(length, batch_size, drop_last, size):
+    """Minibatches per rank in a fitted order of ``length`` samples."""
+    span = batch_size * size
+    return length // span if drop_last else -(-length // span)
+
+
+def step_bounds(steps, length, batch_size, rank, size):
+    """First fitted position and length of rank ``rank``'s share of each of ``steps``.
+
+    Every global minibatch holds ``batch_size * size`` samples except perhaps
+    the last, which is shared equally (``length`` is divisible by ``size``).
+    """
+    span = batch_size * size
+    steps = np.asarray(steps, dtype=np.int64)
+    share = np.minimum(span, length - steps * span) // size
+    return steps * span + rank * share, share
+
+
+def ranges(first, counts):
+    """The concatenation of ``arange(f, f + c)`` for each pair, as one array."""
+    counts = np.asarray(counts, dtype=np.int64)
+    starts = np.cumsum(counts) - counts
+    return np.repeat(np.asarray(first, dtype=np.int64) - starts, counts) + np.arange(counts.sum(), dtype=np.int64)
+
+
+def epoch_share(n, plan, epoch, rank, size, start=0):
+    """Yields one rank's minibatches of one epoch as ``(step, indices, end)``.
+
+    Args:
+        n: Number of samples.
+        plan: Anything with ``batch_size``, ``seed``, ``shuffle``,
+            ``shuffle_algorithm``, ``drop_last`` and ``remainder`` (a
+            ``PlanConfig`` or ``PlanSpec``).
+        epoch: Epoch number.
+        rank: This rank.
+        size: Number of ranks.
+        start: Samples of the epoch's permutation already consumed by all
+            ranks together; steps are counted from the epoch's start.
+
+    Yields:
+        ``(step, indices, end, last)``: the step within the epoch, the
+        catalog indices of this rank's share, the epoch position once the
+        step is done by every rank, and whether it is the epoch's last.
+    """
+    span = plan.batch_size * size
+    length = fitted_length(n, size, plan.remainder, start)
+    count = step_count(length, plan.batch_size, plan.drop_last, size)
+    forward = algorithm(plan.shuffle_algorithm, plan.shuffle).forward(n, plan.seed, epoch)
+    per_block = max(1, BLOCK // plan.batch_size)
+    for block in range(0, count, per_block):
+        steps = np.arange(block, min(count, block + per_block))
+        indices, share = share_indices(forward, n, start, length, steps, plan.batch_size, rank, size)
+        for k, part in zip(steps.tolist(), np.split(indices, np.cumsum(share)[:-1])):
+            yield start // span + k, part, start + min((k + 1) * span, length), k == count - 1
+
+
+def share_indices(forward, n, start, length, steps, batch_size, rank, size):
+    """Catalog indices of rank ``rank``'s share of ``steps`` (counted from ``start``), concatenated.
+
+    Args:
+        forward: The epoch's shuffle, positions to indices.
+        n: Number of samples.
+        start: Where the fitted order starts in the permutation.
+        length: The fitted order's length (``fitted_length``).
+        steps: Steps of the fitted order, int array.
+        batch_size: Samples per minibatch on one rank.
+        rank: The rank.
+        size: Number of ranks.
+
+    Returns:
+        ``(indices, share)``: the indices and each step's share length.
+    """
+    first, share = step_bounds(steps, length, batch_size, rank, size)
+    return forward(permutation_positions(ranges(first, share), n, start)), share
