@@ -60,18 +60,15 @@ def prefetcher_main(worker, parent_pid, tasks, reply, stop, source, dst_root):
             continue
         start = time.perf_counter()
         done = []
-        rel = None
+        rel = futures = None
         try:
-            if pool is None:
-                results = (_fetch(source, dst_root, *file) for file in task.files)
-            else:
-                results = [pool.submit(_fetch, source, dst_root, *file) for file in task.files]
-            for (_, rel, _, _), result in zip(task.files, results):
-                done.append(result if pool is None else result.result())
+            futures = [pool.submit(_fetch, source, dst_root, *file) for file in task.files] if pool else None
+            for n, file in enumerate(task.files):
+                rel = file[1]
+                done.append(futures[n].result() if futures else _fetch(source, dst_root, *file))
         except Exception as exc:  # reported with its context, then we wait to be stopped
-            if pool is not None:
-                for result in results:
-                    result.cancel()
+            for future in futures or ():
+                future.cancel()
             reply.send(Failure.from_exception("prefetch", worker, exc, task.epoch, task.step, rel,
                                               f"cannot stage {source.describe(rel or '')}: "
                                               f"{type(exc).__name__}: {exc}"))

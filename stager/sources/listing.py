@@ -54,20 +54,20 @@ def directory_labels(paths):
 def manifest_entries(lines, name):
     """Parses a manifest's lines: one relative path per line, optional label after a tab.
 
-    Blank lines and lines starting with ``#`` are skipped.
+    Blank lines and lines starting with ``#`` are skipped. Entries come one
+    line at a time, so a caller checking each one reports the first bad line.
 
     Args:
         lines: The manifest's lines.
         name: The manifest's name, for errors (``name:line``).
 
-    Returns:
-        ``(entries, labelled)``: a list of ``(where, rel, label or None)`` and
-        whether the lines carry labels.
+    Yields:
+        ``(where, rel, label)``; ``label`` is None on every line or on none.
 
     Raises:
-        CatalogError: Naming the manifest line at fault.
+        CatalogError: Naming the manifest line at fault, or an empty manifest.
     """
-    entries, labelled = [], None
+    labelled = None
     for number, line in enumerate(lines, 1):
         if not line.strip() or line.startswith("#"):
             continue
@@ -77,18 +77,15 @@ def manifest_entries(lines, name):
             raise CatalogError(f"{where}: expected 'path' or 'path<TAB>label', got {len(fields)} fields")
         rel = check_relpath(fields[0], where)
         has_label = len(fields) == 2
+        try:
+            label = int(fields[1]) if has_label else None
+        except ValueError:
+            raise CatalogError(f"{where}: label {fields[1]!r} is not an integer") from None
+        yield where, rel, label  # the caller's checks of this sample come first
         if labelled is None:
             labelled = has_label
         elif labelled != has_label:
             raise CatalogError(f"{where}: every line needs a label or none does; this line "
                                f"{'has' if has_label else 'has no'} label, earlier lines differ")
-        label = None
-        if has_label:
-            try:
-                label = int(fields[1])
-            except ValueError:
-                raise CatalogError(f"{where}: label {fields[1]!r} is not an integer") from None
-        entries.append((where, rel, label))
-    if not entries:
+    if labelled is None:
         raise CatalogError(f"manifest {name} lists no samples")
-    return entries, bool(labelled)

@@ -111,9 +111,8 @@ class PosixSource:
                 lines = fh.read().splitlines()
         except OSError as exc:
             raise CatalogError(f"cannot read manifest {manifest}: {exc.strerror}") from None
-        entries, labelled = manifest_entries(lines, manifest)
         paths, sizes, labels, mtimes = [], [], [], []
-        for where, rel, label in entries:
+        for where, rel, label in manifest_entries(lines, manifest):
             full = os.path.join(real_root, rel)
             real = os.path.realpath(full)
             if os.path.commonpath([real, real_root]) != real_root:
@@ -128,7 +127,7 @@ class PosixSource:
             sizes.append(st.st_size)
             mtimes.append(st.st_mtime_ns)
             labels.append(label)
-        return Listing(paths, sizes, labels if labelled else None, mtimes)
+        return Listing(paths, sizes, None if labels[0] is None else labels, mtimes)
 
     def scan(self, extensions=()):
         """Scans a directory tree once.

@@ -171,13 +171,13 @@ class S3Source:
             text = self.client.call("get_object", bucket, key, Key=key)["Body"].read().decode("utf-8")
         except (ObjectError, UnicodeDecodeError) as exc:
             raise CatalogError(f"cannot read manifest {name}: {exc}") from None
-        entries, labelled = manifest_entries(text.splitlines(), name)
         found = self._objects()
-        sizes, mtimes = [], []
-        for where, rel, _ in entries:
+        paths, sizes, labels, mtimes = [], [], [], []
+        for where, rel, label in manifest_entries(text.splitlines(), name):
             if rel not in found:
                 raise CatalogError(f"{where}: no object {self.describe(rel)}")
+            paths.append(rel)
             sizes.append(found[rel][0])
             mtimes.append(found[rel][1])
-        return Listing([rel for _, rel, _ in entries], sizes,
-                       [label for _, _, label in entries] if labelled else None, mtimes)
+            labels.append(label)
+        return Listing(paths, sizes, None if labels[0] is None else labels, mtimes)
