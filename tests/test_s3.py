@@ -1,13 +1,15 @@
 """Staging from an S3-compatible bucket: a real moto server on loopback, the latency proxy, boto3."""
 
+import json
 import os
 import random
+import subprocess
 import time
 
 import boto3
 import pytest
 
-from conftest import make_config, load_catalog
+from conftest import load_catalog, make_config, stager_cmd
 from stager import plan
 from stager.catalog import Catalog
 from stager.config import load_config
@@ -201,3 +203,15 @@ def test_a_server_killed_mid_run_is_a_clear_error_soon_and_leaves_nothing_partia
         assert rel in objects, f"unexpected file {rel}"
         with open(path, "rb") as fh:
             assert fh.read() == objects[rel]
+
+
+def test_stager_run_reads_a_bucket_from_the_command_line(store, tmp_path):
+    report = tmp_path / "report.json"
+    config = tmp_path / "job.yaml"
+    config.write_text(f"dataset:\n  source: s3://{BUCKET}/train\n  loader: raw\n  endpoint_url: {store.endpoint_url}\n"
+                      f"staging:\n  local_dir: {tmp_path / 'local'}\n  prefetchers: 2\n")
+    done = subprocess.run(stager_cmd("run", str(config), "--report", str(report), "--set", "plan.batch_size=20"),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    totals = json.loads(report.read_text())
+    assert totals["samples"] == SAMPLES and totals["files_staged"] == SAMPLES
