@@ -49,7 +49,7 @@ class BucketSamples:
         return self.client.get_object(Bucket=BUCKET, Key=self.keys[i])["Body"].read()
 
 
-def first(batch):
+def as_list(batch):
     return batch
 
 
@@ -73,7 +73,7 @@ def run_dataloader(dataset, args, seed):
     from torch.utils.data import DataLoader
 
     loader = DataLoader(dataset, batch_size=args.batch_size, shuffle=True, num_workers=args.workers,
-                        collate_fn=first, persistent_workers=True,
+                        collate_fn=as_list, persistent_workers=True,
                         generator=torch.Generator().manual_seed(seed))
     return timed_loop((batch for _ in range(args.epochs) for batch in loader), args.compute_ms / 1000)
 
