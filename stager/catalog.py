@@ -29,7 +29,7 @@ class Catalog:
     """
 
     def __init__(self, root, blob, offsets, sizes, labels=None, mtimes=None):
-        self.root = os.path.abspath(root)
+        self.root = root if "://" in root else os.path.abspath(root)  # a URL (s3://) is kept as it is
         self._blob = blob if isinstance(blob, np.ndarray) else bytes(blob)
         self._offsets = np.asarray(offsets, dtype=np.int64)
         self.sizes = np.asarray(sizes, dtype=np.int64)
@@ -117,7 +117,7 @@ class Catalog:
         """Builds the catalog that a ``DatasetConfig`` describes, from its source."""
         if not dataset.source:
             raise CatalogError("dataset.source is not set")
-        source = open_source(dataset.source)
+        source = open_source(dataset.source, dataset)
         listing = source.read_manifest(dataset.manifest) if dataset.manifest else source.scan(dataset.extensions)
         return cls.from_listing(source.root, listing)
 

@@ -138,10 +138,11 @@ class Pipeline:
             self.catalog = agreed_catalog(world.comm, self._dataset)
         spec, minibatches = self._rank_plan()
         ch, ctx = self._ch, multiprocessing.get_context(self._processes.start_method)
-        source = open_source(self.catalog.root)
+        source = open_source(self.catalog.root, self._dataset)
         with children_skip_mpi(self._processes.start_method):
-            read_root = source.local_root  # staging off: readers open the source's items in place
-            if read_root is None and not self._staging.enabled:
+            # Staging off: readers open the source's items in place, or have the source fetch each one.
+            read_root = source.local_root or source
+            if read_root is source and not hasattr(source, "open_direct"):
                 raise ConfigError(f"staging.enabled is false, but {self.catalog.root} holds no files readers can "
                                   "open in place: enable staging")
             if self._staging.enabled:

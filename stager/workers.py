@@ -13,6 +13,7 @@ import errno
 import os
 import queue
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from . import wire
 from .loaders import make_loader
@@ -34,6 +35,16 @@ def _tasks(tasks, stop, parent_pid):
         yield task
 
 
+def _fetch(source, dst_root, index, rel, size, mtime_ns):
+    """``(index, bytes fetched)``, or ``(index, NO_SPACE)`` on a full disk (nothing published)."""
+    try:
+        return index, source.fetch(rel, size, mtime_ns, dst_root)
+    except OSError as exc:
+        if exc.errno != errno.ENOSPC:
+            raise
+        return index, NO_SPACE  # the service makes room and retries
+
+
 def prefetcher_main(worker, parent_pid, tasks, reply, stop, source, dst_root):
     """Fetches each ``StageTask``'s files into node-local storage and replies ``Staged``.
 
@@ -42,27 +53,32 @@ def prefetcher_main(worker, parent_pid, tasks, reply, stop, source, dst_root):
         dst_root: The job's node-local directory.
     """
     failed = False
+    # A source with latency per request (an object store) fetches several
+    # files at once, in threads sharing its connection pool.
+    threads = getattr(source, "concurrency", 1)
+    pool = ThreadPoolExecutor(threads, "stager-fetch") if threads > 1 else None
     for task in _tasks(tasks, stop, parent_pid):
         if failed:
             continue
         start = time.perf_counter()
         done = []
-        rel = None
+        rel = futures = None
         try:
-            for index, rel, size, mtime_ns in task.files:
-                try:
-                    done.append((index, source.fetch(rel, size, mtime_ns, dst_root)))
-                except OSError as exc:
-                    if exc.errno != errno.ENOSPC:
-                        raise
-                    done.append((index, NO_SPACE))  # nothing published; the service makes room and retries
+            futures = [pool.submit(_fetch, source, dst_root, *file) for file in task.files] if pool else None
+            for n, file in enumerate(task.files):
+                rel = file[1]
+                done.append(futures[n].result() if futures else _fetch(source, dst_root, *file))
         except Exception as exc:  # reported with its context, then we wait to be stopped
+            for future in futures or ():
+                future.cancel()
             reply.send(Failure.from_exception("prefetch", worker, exc, task.epoch, task.step, rel,
                                               f"cannot stage {source.describe(rel or '')}: "
                                               f"{type(exc).__name__}: {exc}"))
             failed = True
             continue
         reply.send(Staged(task.task, worker, done, time.perf_counter() - start, task.epoch))
+    if pool is not None:
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 def reader_main(worker, parent_pid, tasks, reply, stop, root, loader, loader_options):
@@ -74,7 +90,9 @@ def reader_main(worker, parent_pid, tasks, reply, stop, root, loader, loader_opt
 
     Args:
         root: Where the task's relative paths are read from: the job's
-            node-local directory, or the source's root when reading directly.
+            node-local directory, or the source's root when reading directly,
+            or, for a source whose items are not files, the source itself
+            (its ``open_direct`` fetches each item for the time of the read).
     """
     wire.widen(reply)
     try:
@@ -90,7 +108,11 @@ def reader_main(worker, parent_pid, tasks, reply, stop, root, loader, loader_opt
         rel = None
         try:
             for rel, label in task.files:
-                sample = load(os.path.join(root, rel))
+                if isinstance(root, str):
+                    sample = load(os.path.join(root, rel))
+                else:
+                    with root.open_direct(rel) as path:
+                        sample = load(path)
                 samples.append(sample if label is None else (sample, label))
         except Exception as exc:
             wire.send(reply, Failure.from_exception("read", worker, exc, task.epoch, task.step, rel))

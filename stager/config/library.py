@@ -28,7 +28,8 @@ class DatasetConfig:
     """Where the samples live and how to decode them.
 
     Attributes:
-        source: Dataset root on the shared file system (read only).
+        source: Dataset root on the shared file system (read only), or an
+            object store prefix ``s3://bucket/prefix``.
         manifest: Manifest file (relative path per line, optional label after
             a tab). Relative to ``source`` unless absolute. None: scan the tree.
         loader: ``raw``, ``npy``, ``hdf5`` or ``module:function`` taking a path.
@@ -40,6 +41,17 @@ class DatasetConfig:
         broadcast_max: Entries up to which a catalog file is read by rank 0
             and broadcast; a larger one is memory-mapped by every rank, which
             then reads only the entries it uses.
+        endpoint_url: For ``s3://`` sources, the object store's URL when it
+            is not AWS (Ceph RGW, MinIO, ...); None: AWS. Credentials come
+            from the standard AWS chain (environment, shared files,
+            ``AWS_PROFILE``), never from this file.
+        requests_in_flight: For object stores, requests each prefetcher keeps
+            in flight (threads sharing one connection pool), to cover the
+            per-request latency.
+        retries: For object stores, how many times a throttled (503 SlowDown)
+            or timed out request is retried, with exponential backoff.
+        request_timeout_s: For object stores, connect and read timeout of one
+            request.
     """
 
     source: str = path_field("")
@@ -49,12 +61,21 @@ class DatasetConfig:
     extensions: List[str] = field(default_factory=list)
     catalog: Optional[str] = path_field(None)
     broadcast_max: int = 1_000_000
+    endpoint_url: Optional[str] = None
+    requests_in_flight: int = 16
+    retries: int = 5
+    request_timeout_s: float = 10.0
 
     def __post_init__(self):
         from ..loaders import check_loader_name  # the registry lives with the loaders
 
         check_loader_name(self.loader)
         require(self.broadcast_max >= 0, "dataset.broadcast_max must be 0 (always map a catalog file) or more")
+        require(self.endpoint_url is None or "://" in self.endpoint_url,
+                f"dataset.endpoint_url must be a URL such as http://host:port, not {self.endpoint_url!r}")
+        require(self.requests_in_flight >= 1, "dataset.requests_in_flight must be at least 1")
+        require(self.retries >= 0, "dataset.retries must be 0 or more")
+        require(self.request_timeout_s > 0, "dataset.request_timeout_s must be positive")
 
 
 

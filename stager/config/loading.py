@@ -94,7 +94,7 @@ def build(cls, data, base_dir, where):
             kwargs[name] = build(tp, value, base_dir, key)
             continue
         value = _coerce(value, tp, key)
-        if names[name].metadata.get("path") and value and base_dir is not None:
+        if names[name].metadata.get("path") and value and base_dir is not None and "://" not in value:
             value = os.path.normpath(os.path.join(base_dir, os.path.expanduser(value)))
         kwargs[name] = value
     return cls(**kwargs)

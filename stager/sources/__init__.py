@@ -2,15 +2,17 @@
 
 A source is what prefetchers read and what the catalog lists. Each one:
 
-- ``root``: a string naming the dataset root (a directory, later a bucket
-  prefix); ``scheme``: its registry name;
+- ``root``: a string naming the dataset root (a directory, or a bucket
+  prefix ``s3://bucket/prefix``); ``scheme``: its registry name;
 - ``read_manifest(manifest)`` and ``scan(extensions)`` return a ``Listing``
   (relative paths, sizes, labels, modification times), run once on rank 0;
 - ``fetch(rel, size, mtime_ns, dst_root)`` puts one item into node-local
   storage through ``publish`` (temporary name, size check, rename) and
   returns the bytes written, 0 when a matching copy was already there;
 - ``local_root``: a directory readers can open items in when staging is
-  off, or None when the items are not files;
+  off, or None when the items are not files; then ``open_direct(rel)``, a
+  context manager, yields a path holding the item for the time of a read;
+- ``concurrency`` (optional, default 1): fetches a prefetcher runs at once;
 - ``describe(rel)``: the item's full name for messages.
 
 Sources are picklable, so prefetchers started with any method receive them.
@@ -21,12 +23,18 @@ from ..errors import ConfigError
 from .listing import Listing, check_relpath
 from .posix import PosixSource
 from .publish import SourceChanged, already_published, publish
+from .s3 import S3Source
 
-SOURCES = {"file": PosixSource}
+SOURCES = {"file": PosixSource, "s3": S3Source}
 
 
-def open_source(location):
+def open_source(location, dataset=None):
     """The source for ``dataset.source``: ``scheme://...``, or a plain path (a file tree).
+
+    Args:
+        location: ``dataset.source``.
+        dataset: The ``DatasetConfig`` whose other keys a source may use
+            (an object store's endpoint, requests in flight, retries), or None.
 
     Raises:
         ConfigError: For a scheme no source serves, listing those that do.
@@ -37,8 +45,10 @@ def open_source(location):
     if scheme not in SOURCES:
         raise ConfigError(f"dataset.source {location!r}: no source for scheme {scheme!r}; "
                           f"known: {', '.join(f'{s}://' for s in sorted(SOURCES))} or a plain path")
-    return SOURCES[scheme](rest if scheme == "file" else location)
+    if scheme == "file":
+        return PosixSource(rest)
+    return SOURCES[scheme].from_config(location, dataset)
 
 
-__all__ = ["Listing", "PosixSource", "SOURCES", "SourceChanged", "already_published", "check_relpath",
+__all__ = ["Listing", "PosixSource", "S3Source", "SOURCES", "SourceChanged", "already_published", "check_relpath",
            "open_source", "publish"]

@@ -36,3 +36,56 @@ def check_relpath(rel, where):
     if ".." in rel.split("/"):
         raise CatalogError(f"{where}: path {rel!r} contains '..'; paths must stay inside the dataset root")
     return posixpath.normpath(rel)
+
+
+def directory_labels(paths):
+    """Labels from first-level directories (the ImageNet layout), or None.
+
+    When every sample lies in a first-level subdirectory, those directories
+    are the classes: a sample's label is its directory's index in sorted order.
+    """
+    if not all("/" in p for p in paths):
+        return None
+    classes = sorted({p.split("/", 1)[0] for p in paths})
+    index = {c: i for i, c in enumerate(classes)}
+    return [index[p.split("/", 1)[0]] for p in paths]
+
+
+def manifest_entries(lines, name):
+    """Parses a manifest's lines: one relative path per line, optional label after a tab.
+
+    Blank lines and lines starting with ``#`` are skipped. Entries come one
+    line at a time, so a caller checking each one reports the first bad line.
+
+    Args:
+        lines: The manifest's lines.
+        name: The manifest's name, for errors (``name:line``).
+
+    Yields:
+        ``(where, rel, label)``; ``label`` is None on every line or on none.
+
+    Raises:
+        CatalogError: Naming the manifest line at fault, or an empty manifest.
+    """
+    labelled = None
+    for number, line in enumerate(lines, 1):
+        if not line.strip() or line.startswith("#"):
+            continue
+        where = f"{name}:{number}"
+        fields = line.split("\t")
+        if len(fields) > 2:
+            raise CatalogError(f"{where}: expected 'path' or 'path<TAB>label', got {len(fields)} fields")
+        rel = check_relpath(fields[0], where)
+        has_label = len(fields) == 2
+        try:
+            label = int(fields[1]) if has_label else None
+        except ValueError:
+            raise CatalogError(f"{where}: label {fields[1]!r} is not an integer") from None
+        yield where, rel, label  # the caller's checks of this sample come first
+        if labelled is None:
+            labelled = has_label
+        elif labelled != has_label:
+            raise CatalogError(f"{where}: every line needs a label or none does; this line "
+                               f"{'has' if has_label else 'has no'} label, earlier lines differ")
+    if labelled is None:
+        raise CatalogError(f"manifest {name} lists no samples")

@@ -9,7 +9,7 @@ import errno
 import os
 
 from ..errors import CatalogError
-from .listing import Listing, check_relpath
+from .listing import Listing, directory_labels, manifest_entries
 from .publish import SourceChanged, already_published, publish
 
 
@@ -91,8 +91,8 @@ class PosixSource:
     def read_manifest(self, manifest):
         """Reads a manifest: one relative path per line, optional label after a tab.
 
-        Blank lines and lines starting with ``#`` are skipped. Every listed file
-        is checked to exist inside the root, and its size is recorded.
+        Blank lines and lines starting with ``#`` are skipped (``manifest_entries``).
+        Every listed file is checked to exist inside the root, and its size is recorded.
 
         Args:
             manifest: Manifest file; relative paths are taken from the root.
@@ -112,15 +112,7 @@ class PosixSource:
         except OSError as exc:
             raise CatalogError(f"cannot read manifest {manifest}: {exc.strerror}") from None
         paths, sizes, labels, mtimes = [], [], [], []
-        labelled = None
-        for number, line in enumerate(lines, 1):
-            if not line.strip() or line.startswith("#"):
-                continue
-            where = f"{manifest}:{number}"
-            fields = line.split("\t")
-            if len(fields) > 2:
-                raise CatalogError(f"{where}: expected 'path' or 'path<TAB>label', got {len(fields)} fields")
-            rel = check_relpath(fields[0], where)
+        for where, rel, label in manifest_entries(lines, manifest):
             full = os.path.join(real_root, rel)
             real = os.path.realpath(full)
             if os.path.commonpath([real, real_root]) != real_root:
@@ -131,23 +123,11 @@ class PosixSource:
                 raise CatalogError(f"{where}: sample {rel!r} not readable: {exc.strerror}") from None
             if not os.path.isfile(real):
                 raise CatalogError(f"{where}: sample {rel!r} is not a regular file")
-            has_label = len(fields) == 2
-            if labelled is None:
-                labelled = has_label
-            elif labelled != has_label:
-                raise CatalogError(f"{where}: every line needs a label or none does; this line "
-                                   f"{'has' if has_label else 'has no'} label, earlier lines differ")
-            if has_label:
-                try:
-                    labels.append(int(fields[1]))
-                except ValueError:
-                    raise CatalogError(f"{where}: label {fields[1]!r} is not an integer") from None
             paths.append(rel)
             sizes.append(st.st_size)
             mtimes.append(st.st_mtime_ns)
-        if not paths:
-            raise CatalogError(f"manifest {manifest} lists no samples")
-        return Listing(paths, sizes, labels if labelled else None, mtimes)
+            labels.append(label)
+        return Listing(paths, sizes, None if labels[0] is None else labels, mtimes)
 
     def scan(self, extensions=()):
         """Scans a directory tree once.
@@ -174,12 +154,7 @@ class PosixSource:
             raise CatalogError(f"dataset at {root} has no samples"
                                + (f" with extensions {list(extensions)}" if extensions else ""))
         paths, sizes, mtimes = (list(column) for column in zip(*found))
-        labels = None
-        if all("/" in p for p in paths):
-            classes = sorted({p.split("/", 1)[0] for p in paths})
-            index = {c: i for i, c in enumerate(classes)}
-            labels = [index[p.split("/", 1)[0]] for p in paths]
-        return Listing(paths, sizes, labels, mtimes)
+        return Listing(paths, sizes, directory_labels(paths), mtimes)
 
     def subtrees(self):
         """The root's first-level subdirectories, sorted, hidden ones left out: the parts of a parallel scan."""
