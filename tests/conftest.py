@@ -1,12 +1,15 @@
 """Shared fixtures: a small synthetic dataset, the real FUSE slow file system,
 and a guard that every test leaves no child process behind."""
 
+import contextlib
 import glob
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 
+import numpy as np
 import pytest
 
 from stager.catalog import Catalog
@@ -122,6 +125,19 @@ def slow_source(dataset, session_dir):
         yield mounted
 
 
+@contextlib.contextmanager
+def size_limited_tmpfs(mnt, size):
+    """Mounts a tmpfs of ``size`` (e.g. ``64k``) on the new directory ``mnt`` for a block: a small local disk."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a size-limited tmpfs needs root")
+    os.mkdir(mnt)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)], check=True)
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", str(mnt)], check=True)
+
+
 def make_config(source, local_dir, **sections):
     """A Config reading ``source`` (with its manifest) and staging under ``local_dir``."""
     data = {
@@ -143,3 +159,20 @@ def load_catalog(cfg):
 def stager_cmd(*args):
     """Command line that runs the stager CLI with this interpreter."""
     return [sys.executable, "-m", "stager", *args]
+
+
+@pytest.fixture
+def cfg(slow_source, tmp_path):
+    """A config staging the emulated source with 2 readers (test files may define their own)."""
+    return make_config(slow_source, tmp_path / "local", reader={"workers": 2})
+
+
+@pytest.fixture
+def examples(cfg):
+    """The same dataset in memory, as MultiprocessIterator would read it."""
+    catalog = load_catalog(cfg)
+    return [(np.load(os.path.join(catalog.root, catalog.path(i))), catalog.label(i)) for i in range(len(catalog))]
+
+
+def same_batch(a, b):
+    return len(a) == len(b) and all(np.array_equal(x[0], y[0]) and x[1] == y[1] for x, y in zip(a, b))

@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-from conftest import load_catalog, make_config
+from conftest import load_catalog, make_config, size_limited_tmpfs
 from stager import plan
 from stager.cache import (ABSENT, IN_FLIGHT, POLICIES, STAGED, Cache, check_window, make_policy, parse_capacity,
                           resolve_capacity)
@@ -239,16 +239,8 @@ def test_the_unbounded_policy_fetches_each_file_once_over_epochs(slow_source, tm
 
 @pytest.fixture
 def small_tmpfs(tmp_path):
-    if os.geteuid() != 0:
-        pytest.skip("mounting a size-limited tmpfs needs root")
-    mnt = tmp_path / "nvme"
-    mnt.mkdir()
-    import subprocess
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)], check=True)
-    try:
+    with size_limited_tmpfs(tmp_path / "nvme", "256k") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", str(mnt)], check=True)
 
 
 def test_a_disk_filled_from_outside_below_the_capacity_makes_the_cache_evict_and_go_on(

@@ -6,7 +6,7 @@ import os
 import numpy as np
 import pytest
 
-from conftest import load_catalog, make_config
+from conftest import load_catalog, same_batch
 
 chainer_front = pytest.importorskip("iterators.chainer", reason="Chainer is not installed (extra 'chainer')")
 chainer = chainer_front._chainer
@@ -14,22 +14,6 @@ StagingIterator = chainer_front.StagingIterator
 
 ATTRS = ("epoch", "epoch_detail", "previous_epoch_detail", "is_new_epoch", "current_position", "batch_size",
          "repeat")
-
-
-@pytest.fixture
-def cfg(slow_source, tmp_path):
-    return make_config(slow_source, tmp_path / "local", reader={"workers": 2})
-
-
-@pytest.fixture
-def examples(cfg):
-    """The same dataset in memory, as MultiprocessIterator would read it."""
-    catalog = load_catalog(cfg)
-    return [(np.load(os.path.join(catalog.root, catalog.path(i))), catalog.label(i)) for i in range(len(catalog))]
-
-
-def same_batch(a, b):
-    return len(a) == len(b) and all(np.array_equal(x[0], y[0]) and x[1] == y[1] for x, y in zip(a, b))
 
 
 def compare(ours, theirs, steps):

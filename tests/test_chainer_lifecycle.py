@@ -15,28 +15,13 @@ import weakref
 import numpy as np
 import pytest
 
-from conftest import child_pids, live_children, load_catalog, make_config
+from conftest import child_pids, live_children, same_batch
 from exit_check import run_to_exit
 
 chainer_front = pytest.importorskip("iterators.chainer", reason="Chainer is not installed (extra 'chainer')")
 chainer = chainer_front._chainer
 StagingIterator = chainer_front.StagingIterator
 HELPERS = os.path.join(os.path.dirname(__file__), "helpers")
-
-
-@pytest.fixture
-def cfg(slow_source, tmp_path):
-    return make_config(slow_source, tmp_path / "local", reader={"workers": 2})
-
-
-@pytest.fixture
-def examples(cfg):
-    catalog = load_catalog(cfg)
-    return [(np.load(os.path.join(catalog.root, catalog.path(i))), catalog.label(i)) for i in range(len(catalog))]
-
-
-def same_batch(a, b):
-    return len(a) == len(b) and all(np.array_equal(x[0], y[0]) and x[1] == y[1] for x, y in zip(a, b))
 
 
 def state(it):

@@ -9,12 +9,10 @@ later epochs are each iterator's own: Chainer's default shuffle draws them
 from numpy's global generator).
 """
 
-import os
 
 import numpy as np
 import pytest
 
-from conftest import load_catalog, make_config
 
 chainer_front = pytest.importorskip("iterators.chainer", reason="Chainer is not installed (extra 'chainer')")
 chainer = chainer_front._chainer
@@ -40,17 +38,6 @@ MODES = {
     "sampler": lambda: {"order_sampler": chainer.iterators.ShuffleOrderSampler(np.random.RandomState(11))},
     "custom-sampler": lambda: {"order_sampler": WithReplacement(12)},
 }
-
-
-@pytest.fixture
-def cfg(slow_source, tmp_path):
-    return make_config(slow_source, tmp_path / "local", reader={"workers": 2})
-
-
-@pytest.fixture
-def examples(cfg):
-    catalog = load_catalog(cfg)
-    return [(np.load(os.path.join(catalog.root, catalog.path(i))), catalog.label(i)) for i in range(len(catalog))]
 
 
 def make(kind, cfg, examples, mode, batch_size=BATCH):

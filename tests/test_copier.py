@@ -2,11 +2,10 @@
 
 import errno
 import os
-import subprocess
 
 import pytest
 
-from conftest import load_catalog, make_config
+from conftest import load_catalog, make_config, size_limited_tmpfs
 from stager.sources import PosixSource
 from stager.errors import StageError
 from stager.pipeline import Pipeline
@@ -28,15 +27,8 @@ def test_copy_publishes_once_and_skips_a_complete_copy(tmp_path):
 
 @pytest.fixture
 def tiny_tmpfs(tmp_path):
-    if os.geteuid() != 0:
-        pytest.skip("mounting a size-limited tmpfs needs root")
-    mnt = tmp_path / "nvme"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)], check=True)
-    try:
+    with size_limited_tmpfs(tmp_path / "nvme", "64k") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", str(mnt)], check=True)
 
 
 def test_full_local_disk_names_the_file_and_leaves_no_partial_copy(tmp_path, tiny_tmpfs):
