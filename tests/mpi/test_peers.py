@@ -2,6 +2,9 @@
 of its own (it is both the holder and the requester), so it passes at any size."""
 
 import os
+import pathlib
+import shutil
+import tempfile
 
 import numpy as np
 import pytest
@@ -27,7 +30,9 @@ def comm():
 
 
 @pytest.fixture
-def dirs(tmp_path):
+def dirs():
+    # Not tmp_path: pytest's numbered directories race between the ranks of one job.
+    tmp_path = pathlib.Path(tempfile.mkdtemp(prefix="stager-peers-"))
     source, holder, requester = (tmp_path / n for n in ("source", "holder", "requester"))
     for d in (source, holder, requester):
         d.mkdir()
@@ -37,7 +42,8 @@ def dirs(tmp_path):
         data = rng.integers(0, 256, size, dtype=np.uint8).tobytes()
         (source / name).write_bytes(data)
         (holder / name).write_bytes(data)
-    return source, holder, requester, files
+    yield source, holder, requester, files
+    shutil.rmtree(tmp_path)
 
 
 def transfer(comm, dirs, names, to_come=lambda index: False):
