@@ -94,16 +94,13 @@ NO_SPACE = -1  # in ``Staged.done``: the local file system was full; nothing was
 
 @dataclass(frozen=True, slots=True)
 class PeerFetch:
-    """One file for a peer fetch thread: ask leader ``owner`` for it (``stager.peers``)."""
+    """Files for a peer fetch thread to ask leader ``owner`` for: ``files`` holds ``(index, relpath, size, mtime_ns)``."""
 
     task: int
     epoch: int
     step: int
-    index: int
-    rel: str
-    size: int
-    mtime_ns: Optional[int]
     owner: int
+    files: List[Tuple[int, str, int, Optional[int]]]
 
 
 @dataclass(frozen=True, slots=True)

@@ -193,14 +193,14 @@ class ServiceLoop:
         s.telemetry.record(tm.QUEUED, first, self.next_task - first, len(missing))
 
     def ask_peers(self, request, missing):
-        """Hands the files other nodes hold to the peer fetchers; returns those left for the prefetchers."""
+        """Hands the files other nodes hold to the peer fetchers, one task per holder; returns the rest."""
         peers, catalog = self.s.peers, self.catalog
         ask, missing = peers.route(missing, self.cache.sizes[missing])
-        for i in ask.tolist():
+        for owner, indices in peers.by_owner(ask):
             task = self.next_task
             self.next_task += 1
-            peers.submit(task, request.epoch, request.step, i, catalog.path(i), int(catalog.sizes[i]),
-                         catalog.mtime(i))
+            peers.submit(task, request.epoch, request.step, owner,
+                         [(int(i), catalog.path(i), int(catalog.sizes[i]), catalog.mtime(i)) for i in indices])
             self.task_time[task] = None
             request.tasks.append(task)
         return missing

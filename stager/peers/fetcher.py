@@ -2,15 +2,14 @@
 
 Prefetchers are processes that never initialise MPI, so transfers from other
 leaders run in threads of the leader's rank process. Each ``PeerFetch`` asks
-the file's holder; what arrives is published like any staged file
+one holder for a minibatch's files it holds, in one message; what arrives is published like any staged file
 (``sources.publish``: a temporary name, the catalog's size checked, a
 rename). A holder that owns the file but has not staged it yet says so, and
 the thread asks again a little later (the owner is the one that reads it
 from the shared file system); a holder without a copy says so, and the
 thread reads the file from the shared file system instead. Either way the
-service gets one ``Staged`` per file, saying which way it came and how long
-the transfer took (waits for a pending file left out: they say nothing
-about the rates).
+service gets a ``Staged`` per way the files came, and how long that took
+(waits for pending files left out: they say nothing about the rates).
 """
 
 import errno
@@ -23,13 +22,10 @@ import time
 
 from ..messages import NO_SPACE, Failure, Staged
 from ..sources.publish import already_published, publish
-from .protocol import FIRST_REPLY_TAG, MISSING, PENDING, REPLY_TAGS, Ask, PeerTimeout, receive
+from .protocol import (FIRST_REPLY_TAG, MISSING, PENDING, REPLY_TAGS, Ask, PeerTimeout, ask_for, receive,
+                       write_all)
 
 log = logging.getLogger(__name__)
-
-
-class _Missing(Exception):
-    """The holder had no complete copy (or could not finish sending it)."""
 
 
 class PeerFetcher:
@@ -67,57 +63,81 @@ class PeerFetcher:
             if task is None:
                 return
             try:
-                nbytes, route, seconds = self._fetch(task)
+                for route, done, seconds in self._fetch(task):
+                    self._send(Staged(task.task, name, done, seconds, task.epoch, route))
             except Exception as exc:  # the service fails the job with where and why
-                self._send(Failure.from_exception("prefetch", name, exc, task.epoch, task.step, task.rel,
-                                                  f"cannot stage {task.rel} (holder: node leader {task.owner}): "
+                self._send(Failure.from_exception("prefetch", name, exc, task.epoch, task.step, None,
+                                                  f"cannot stage files from node leader {task.owner}: "
                                                   f"{type(exc).__name__}: {exc}"))
-                continue
-            self._send(Staged(task.task, name, [(task.index, nbytes)], seconds, task.epoch, route))
 
     def _fetch(self, task):
-        """Returns ``(bytes, route, seconds)``: ``peer`` when the holder sent it, ``source`` otherwise."""
+        """Fetches a task's files; yields ``(route, done, seconds)`` per way they came (``peer``, ``source``)."""
         start = time.perf_counter()
-        if already_published(self.root, task.rel, task.size, task.mtime_ns):
-            return 0, "source", 0.0
-        times = None if task.mtime_ns is None else (task.mtime_ns, task.mtime_ns)
+        present = [(f[0], 0) for f in task.files if already_published(self.root, f[1], f[2], f[3])]
+        if present:
+            yield "source", present, 0.0
+        todo = [f for f in task.files if not already_published(self.root, f[1], f[2], f[3])]
         deadline = time.monotonic() + self.timeout_s
         pause = 0.002
-
-        def fill(fd):
-            nonlocal start, pause
-            while True:
-                start = time.perf_counter()
-                ask = Ask(task.index, task.rel, task.size, task.epoch,
-                          FIRST_REPLY_TAG + next(self._tags) % REPLY_TAGS)
-                got = receive(self.comm, task.owner, ask, fd, max(deadline - time.monotonic(), 0.0))
-                if got == MISSING:
-                    raise _Missing()
-                if got != PENDING:
-                    return got
+        fallback = []
+        while todo:
+            start = time.perf_counter()
+            tag = FIRST_REPLY_TAG + next(self._tags) % REPLY_TAGS
+            ask_for(self.comm, task.owner, Ask([f[:3] for f in todo], task.epoch, tag), self.timeout_s)
+            done, pending = [], []
+            for f in todo:
+                outcome = self._receive(task.owner, tag, f, max(deadline - time.monotonic(), 0.0))
+                if outcome == PENDING:
+                    pending.append(f)
+                elif outcome == MISSING:
+                    fallback.append(f)
+                else:
+                    done.append((f[0], outcome))
+            if done:
+                yield "peer", done, time.perf_counter() - start
+            todo = pending
+            if todo:  # the owner reads them in its first epoch: ask again rather than read them twice
+                if time.monotonic() > deadline:
+                    raise PeerTimeout(f"node leader {task.owner} still has not staged {todo[0][1]}")
                 time.sleep(pause)
                 pause = min(2 * pause, 0.05)
+        if fallback:
+            start = time.perf_counter()
+            done = [(index, self._from_source(rel, size, mtime_ns)) for index, rel, size, mtime_ns in fallback]
+            yield "source", done, time.perf_counter() - start
+
+    def _receive(self, owner, tag, file, timeout_s):
+        """One file of an answer, published; its bytes, ``NO_SPACE``, ``PENDING`` or ``MISSING`` (also when cut)."""
+        index, rel, size, mtime_ns = file
+        outcome = None
+
+        def fill(fd):
+            nonlocal outcome
+            outcome = receive(self.comm, owner, tag, rel, lambda data: write_all(fd, data), timeout_s)
+            return outcome
 
         try:
-            return publish(self.root, task.rel, task.size, fill, times), "peer", time.perf_counter() - start
+            publish(self.root, rel, size, fill, None if mtime_ns is None else (mtime_ns, mtime_ns))
         except PeerTimeout:
             raise
-        except _Missing:
-            pass
         except OSError as exc:
+            if outcome is not None and outcome < 0:
+                return outcome  # no copy there: publish refused the empty file
             if exc.errno == errno.ENOSPC:
-                return NO_SPACE, "peer", 0.0
+                return NO_SPACE
             if exc.errno != errno.EIO:
                 raise
             log.warning("stager: %s; reading it from the source", exc)
-        start = time.perf_counter()
+            return MISSING
+        return outcome
+
+    def _from_source(self, rel, size, mtime_ns):
         try:
-            nbytes = self.source.fetch(task.rel, task.size, task.mtime_ns, self.root)
+            return self.source.fetch(rel, size, mtime_ns, self.root)
         except OSError as exc:
             if exc.errno != errno.ENOSPC:
                 raise
-            nbytes = NO_SPACE
-        return nbytes, "source", time.perf_counter() - start
+            return NO_SPACE
 
     def stop(self, timeout_s):
         for _ in self._threads:

@@ -61,9 +61,9 @@ class RateModel:
         if opens:
             self.source.add(opens, nbytes, seconds)
 
-    def from_peer(self, nbytes, seconds):
-        """One file came from a peer leader."""
-        self.peer.add(1, nbytes, seconds)
+    def from_peer(self, files, nbytes, seconds):
+        """``files`` files, ``nbytes`` in all, came from a peer leader in one answer."""
+        self.peer.add(files, nbytes, seconds)
 
     def peer_faster(self, sizes):
         """Per file of ``sizes``, whether to ask its holder (True until both ways have been measured)."""

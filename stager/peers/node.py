@@ -75,14 +75,20 @@ class Peers:
         """Feeds the model with how long a fetch (a ``Staged``) took, by the way it went."""
         copied = [nbytes for _, nbytes in msg.done if nbytes > 0]
         if msg.route == "peer":
-            if copied:
-                self.model.from_peer(copied[0], msg.seconds)
-                self.fetcher_sizes.append(copied[0])
-        elif len(copied) == len(msg.done):  # a file already there would make the open look free
+            if len(copied) == len(msg.done):
+                self.model.from_peer(len(copied), sum(copied), msg.seconds)
+                self.fetcher_sizes.extend(copied)
+        elif copied and len(copied) == len(msg.done):  # a file already there would make the open look free
             self.model.from_source(len(copied), sum(copied), msg.seconds)
 
-    def submit(self, task, epoch, step, index, rel, size, mtime_ns):
-        self.fetcher.tasks.put(PeerFetch(task, epoch, step, index, rel, size, mtime_ns, int(self.owners[index])))
+    def by_owner(self, indices):
+        """``(owner, indices)`` for each holder of ``indices``."""
+        owners = self.owners[indices]
+        return [(int(o), indices[owners == o]) for o in np.unique(owners)]
+
+    def submit(self, task, epoch, step, owner, files):
+        """Queues ``files`` (``(index, relpath, size, mtime_ns)``) to be asked from leader ``owner``."""
+        self.fetcher.tasks.put(PeerFetch(task, epoch, step, owner, files))
 
     def close(self, wait_s, timeout_s):
         """Stops fetching; serves the other leaders until all have stopped fetching too, or ``wait_s`` passed.

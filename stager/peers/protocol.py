@@ -1,14 +1,17 @@
-"""One file from a node leader's local copy to another leader, over MPI.
+"""Files from a node leader's local copies to another leader, over MPI.
 
-The requester sends an ``Ask`` (tag ``ASK``) to the holder's leader and waits
-on a tag of its own for an ``Offer``: the file's size and its first
-``CHUNK`` bytes; ``PENDING`` when the holder owns the file and has not
-staged it yet (its own ranks will: ask again later); or ``MISSING`` when it
-has no complete copy (evicted, another size). A file larger than ``CHUNK`` goes on
-in chunks of at most ``CHUNK`` bytes, each a plain buffer message on the
-same tag; a small file (most samples) costs one round trip. A holder that cannot finish (a read error) sends an
-empty chunk, and the requester stops; since the requester writes through
-``sources.publish``, an unfinished transfer leaves nothing behind.
+The requester sends an ``Ask`` (tag ``ASK``) for a few files to their
+holder's leader, and receives on a tag of its own, file after file in the
+order asked, an ``Offer``: the file's size and its first ``CHUNK`` bytes;
+``PENDING`` when the holder owns the file and has not staged it yet (its own
+ranks will: ask again later); or ``MISSING`` when it has no complete copy
+(evicted, another size). A file larger than ``CHUNK`` goes on in chunks of
+at most ``CHUNK`` bytes, each a plain buffer message on the same tag, so a
+minibatch's small files cost one round trip together. A holder that cannot
+finish a file (a read error) sends an empty chunk and goes on with the next.
+The requester writes through ``sources.publish``, so an unfinished transfer
+leaves nothing behind, and it takes every message of the answer even when it
+cannot keep a file (a full disk), so the two sides stay in step.
 
 A published file is never rewritten in place, only removed, and a removed
 file stays readable through a descriptor already open, so a holder that
@@ -38,19 +41,17 @@ class PeerTimeout(OSError):
 
 @dataclass(frozen=True, slots=True)
 class Ask:
-    """A request for one file.
+    """A request for a few files of one holder.
 
     Attributes:
-        index: Catalog index.
-        rel: Relative path in the job directory.
-        size: The catalog's size: the holder offers only a copy of this size.
+        files: ``(index, relpath, size)`` each: the catalog's index, the path
+            in the job directory, and the catalog's size (the holder offers
+            only a copy of this size).
         epoch: The requester's epoch (the holder's counters).
         tag: The tag the holder answers on.
     """
 
-    index: int
-    rel: str
-    size: int
+    files: list
     epoch: int
     tag: int
 
@@ -105,84 +106,110 @@ class _Incoming:
         pass
 
 
-def serve(comm, peer, ask, root, timeout_s, pending=False):
-    """Answers one ``Ask`` from ``peer`` with the local copy under ``root``.
+def serve(comm, peer, ask, root, timeout_s, to_come):
+    """Answers one ``Ask`` from ``peer`` with the local copies under ``root``.
 
     Args:
-        pending: Whether to answer ``PENDING`` rather than ``MISSING`` when
-            there is no copy (the file is still to come).
+        to_come: Callable ``(index) -> bool``: answer ``PENDING`` rather than
+            ``MISSING`` for a file not here (it is still to come).
 
-    Returns:
-        Bytes sent (0 when the file was missing or the transfer was cut).
+    Yields:
+        ``(index, bytes sent)`` per file (0: missing, pending or cut).
 
     Raises:
-        PeerTimeout: When ``peer`` takes none of it within ``timeout_s``.
+        PeerTimeout: When ``peer`` takes nothing within ``timeout_s``.
     """
     from mpi4py import MPI  # deferred: only rank processes import MPI
 
     deadline = time.monotonic() + timeout_s
-    try:
-        fd = os.open(os.path.join(root, ask.rel), os.O_RDONLY)
-    except OSError:
-        fd = None
-    try:
-        size = os.fstat(fd).st_size if fd is not None else MISSING
-        if size != ask.size:
-            answer = Offer(PENDING if pending and fd is None else MISSING)
-            wait(comm.isend(answer, dest=peer, tag=ask.tag), deadline, f"file {ask.rel}")
-            return 0
-        first = os.pread(fd, min(CHUNK, size), 0)
-        wait(comm.isend(Offer(size, first), dest=peer, tag=ask.tag), deadline, f"file {ask.rel}")
-        sent = len(first)
-        if sent < size:
-            buf = bytearray(CHUNK)
-        while sent < size:
-            n = os.preadv(fd, [memoryview(buf)[:min(CHUNK, size - sent)]], sent)
-            wait(comm.Isend([buf, n, MPI.BYTE], dest=peer, tag=ask.tag), deadline, f"file {ask.rel}")
-            if n == 0:
-                return 0  # the empty chunk told the requester to give up
-            sent += n
-        return sent
-    finally:
-        if fd is not None:
-            os.close(fd)
+    buf = None
+    offers = []  # answers on their way: waited for together, so files do not wait on each other's handshakes
+    for index, rel, expected in ask.files:
+        try:
+            fd = os.open(os.path.join(root, rel), os.O_RDONLY)
+        except OSError:
+            fd = None
+        try:
+            size = os.fstat(fd).st_size if fd is not None else MISSING
+            if size != expected:
+                offers.append(comm.isend(Offer(PENDING if fd is None and to_come(index) else MISSING),
+                                         dest=peer, tag=ask.tag))
+                yield index, 0
+                continue
+            first = os.pread(fd, min(CHUNK, size), 0)
+            offers.append(comm.isend(Offer(size, first), dest=peer, tag=ask.tag))
+            sent = len(first)
+            while sent < size:
+                buf = buf or bytearray(CHUNK)
+                n = os.preadv(fd, [memoryview(buf)[:min(CHUNK, size - sent)]], sent)
+                wait(comm.Isend([buf, n, MPI.BYTE], dest=peer, tag=ask.tag), deadline, f"file {rel}")
+                if n == 0:
+                    break  # the empty chunk told the requester to give up this file
+                sent += n
+            yield index, sent if sent == size else 0
+        finally:
+            if fd is not None:
+                os.close(fd)
+    for request in offers:
+        wait(request, deadline, f"node leader {peer} to take its files")
 
 
-def receive(comm, owner, ask, fd, timeout_s):
-    """Asks ``owner`` for ``ask``'s file and writes what it sends to ``fd``.
+def ask_for(comm, owner, ask, timeout_s):
+    """Sends ``ask`` to ``owner``; the answers are then taken with ``receive``, file by file, in order."""
+    wait(comm.isend(ask, dest=owner, tag=ASK), time.monotonic() + timeout_s, f"node leader {owner}")
+
+
+def receive(comm, owner, tag, rel, write, timeout_s):
+    """Takes the answer for one file of an ``Ask``, passing its bytes to ``write``.
+
+    Every message of the answer is taken even if ``write`` fails, so the next
+    file's answer starts where it should.
 
     Returns:
-        Bytes written, or ``MISSING`` when the owner has no copy, or
-        ``PENDING`` when it has none yet.
+        Bytes received, ``MISSING`` or ``PENDING``.
 
     Raises:
         PeerTimeout: When the owner does not answer within ``timeout_s``.
-        OSError: From writing, or ``EIO`` when the owner cut the transfer.
+        OSError: From ``write``, or ``EIO`` when the owner cut the transfer.
     """
     from mpi4py import MPI
 
     deadline = time.monotonic() + timeout_s
-    what = f"file {ask.rel} from node leader {owner}"
-    wait(comm.isend(ask, dest=owner, tag=ASK), deadline, what)
-    offer = wait(_Incoming(comm, owner, ask.tag), deadline, what)
+    what = f"file {rel} from node leader {owner}"
+    offer = wait(_Incoming(comm, owner, tag), deadline, what)
     if offer.size < 0:
         return offer.size
-    got = _write_all(fd, offer.first)
+    error = None
+
+    def keep(data):
+        nonlocal error
+        if error is None:
+            try:
+                write(data)
+            except OSError as exc:
+                error = exc
+
+    keep(offer.first)
+    got = len(offer.first)
     if got < offer.size:
         buf = bytearray(CHUNK)
         status = MPI.Status()
     while got < offer.size:
         want = min(CHUNK, offer.size - got)
-        wait(comm.Irecv([buf, want, MPI.BYTE], source=owner, tag=ask.tag), deadline, what, status)
+        wait(comm.Irecv([buf, want, MPI.BYTE], source=owner, tag=tag), deadline, what, status)
         n = status.Get_count(MPI.BYTE)
         if n == 0:
-            raise OSError(5, f"node leader {owner} could not finish sending {ask.rel}")
-        got += _write_all(fd, memoryview(buf)[:n])
+            error = error or OSError(5, f"node leader {owner} could not finish sending {rel}")
+            break
+        keep(memoryview(buf)[:n])
+        got += n
+    if error is not None:
+        raise error
     return got
 
 
-def _write_all(fd, data):
+def write_all(fd, data):
+    """Writes all of ``data`` to ``fd``."""
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view):]
-    return len(data)

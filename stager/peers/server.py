@@ -50,11 +50,10 @@ class PeerServer:
             peer = status.Get_source()
             ask = self.comm.recv(source=peer, tag=ASK)
             try:
-                sent = serve(self.comm, peer, ask, self.root, self.timeout_s, self.to_come(ask.index))
+                for index, sent in serve(self.comm, peer, ask, self.root, self.timeout_s, self.to_come):
+                    self.telemetry.record(tm.SERVED, index, sent, ask.epoch)
             except (OSError, PeerTimeout) as exc:
-                log.warning("stager: could not send %s to node leader %s: %s", ask.rel, peer, exc)
-                sent = 0
-            self.telemetry.record(tm.SERVED, ask.index, sent, ask.epoch)
+                log.warning("stager: could not answer node leader %s: %s", peer, exc)
 
     def stop(self, timeout_s):
         self._halt.set()

@@ -54,9 +54,10 @@ def transfer(comm, dirs, names, to_come=lambda index: False):
     server.start()
     fetcher.start()
     try:
-        for i, name in enumerate(names):
-            fetcher.tasks.put(PeerFetch(i, 1, 0, i, name, files[name], None, 0))
-        replies = sorted((fetcher.conn.recv() for _ in names), key=lambda m: m.task)
+        fetcher.tasks.put(PeerFetch(7, 1, 0, 0, [(i, name, files[name], None) for i, name in enumerate(names)]))
+        replies = []
+        while sum(len(m.done) for m in replies if isinstance(m, Staged)) < len(names):
+            replies.append(fetcher.conn.recv())
     finally:
         fetcher.stop(5)
         server.stop(5)
@@ -67,8 +68,8 @@ def transfer(comm, dirs, names, to_come=lambda index: False):
 def test_a_holder_sends_its_copy_byte_for_byte_in_bounded_chunks(comm, dirs):
     source, _, requester, files = dirs
     replies, served = transfer(comm, dirs, ["small.bin", "large.bin"])
-    assert all(isinstance(m, Staged) and m.route == "peer" for m in replies), replies
-    assert [m.done for m in replies] == [[(0, files["small.bin"])], [(1, files["large.bin"])]]
+    assert [(m.task, m.route, m.done) for m in replies] == [(7, "peer", [(0, files["small.bin"]),
+                                                                         (1, files["large.bin"])])], replies
     for name in files:
         assert (requester / name).read_bytes() == (source / name).read_bytes()
     assert sorted(served) == [(0, files["small.bin"]), (1, files["large.bin"])]
@@ -81,7 +82,8 @@ def test_a_holder_that_evicted_the_file_makes_the_requester_read_the_source(comm
     with open(holder / "large.bin", "r+b") as fh:        # a copy of another size is no copy
         fh.truncate(CHUNK)
     replies, served = transfer(comm, dirs, ["small.bin", "large.bin"])
-    assert [m.route for m in replies] == ["source", "source"], replies
+    assert [(m.route, m.done) for m in replies] == [("source", [(0, files["small.bin"]),
+                                                                (1, files["large.bin"])])], replies
     for name in files:
         assert (requester / name).read_bytes() == (source / name).read_bytes()
     assert sorted(served) == [(0, 0), (1, 0)], "the holder answered, sending nothing"
