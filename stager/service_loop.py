@@ -179,7 +179,7 @@ class ServiceLoop:
         if self.cache.used > self.peak:
             self.peak = self.cache.used
             s.telemetry.record(tm.USAGE, self.epoch, self.peak)
-        first = self.next_task
+        first, count = self.next_task, len(missing)
         if s.peers is not None:
             missing = self.ask_peers(request, missing)
         for chunk in split_tasks(missing, s.staging.prefetchers, s.staging.files_per_task):
@@ -190,7 +190,7 @@ class ServiceLoop:
             s.pool.tasks.put(StageTask(task, request.epoch, request.step, files))
             self.task_time[task] = None
             request.tasks.append(task)
-        s.telemetry.record(tm.QUEUED, first, self.next_task - first, len(missing))
+        s.telemetry.record(tm.QUEUED, first, self.next_task - first, count)
 
     def ask_peers(self, request, missing):
         """Hands the files other nodes hold to the peer fetchers, one task per holder; returns the rest."""
