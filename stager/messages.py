@@ -9,6 +9,8 @@ Who sends what (the arrows of ``docs/architecture.md``):
   all local, or the ``Failure`` that stopped staging;
 - node service -> prefetchers: ``StageTask``; prefetchers -> service:
   ``Staged`` or ``Failure``;
+- node service -> peer fetch threads (``staging.peers``): ``PeerFetch``;
+  they reply ``Staged`` (saying which way the file came) or ``Failure``;
 - coordinator -> readers: ``ReadTask``; readers -> coordinator: ``Decoded``
   or ``Failure``;
 - consumer thread -> coordinator: ``Consumed`` (and a bare wake-up).
@@ -91,18 +93,32 @@ NO_SPACE = -1  # in ``Staged.done``: the local file system was full; nothing was
 
 
 @dataclass(frozen=True, slots=True)
+class PeerFetch:
+    """Files for a peer fetch thread to ask leader ``owner`` for: ``files`` holds ``(index, relpath, size, mtime_ns)``."""
+
+    task: int
+    epoch: int
+    step: int
+    owner: int
+    files: List[Tuple[int, str, int, Optional[int]]]
+
+
+@dataclass(frozen=True, slots=True)
 class Staged:
-    """A prefetcher finished ``task``: ``done`` holds ``(index, bytes_fetched)``.
+    """A prefetcher (or peer fetch thread) finished ``task``: ``done`` holds ``(index, bytes_fetched)``.
 
     ``bytes_fetched`` is 0 for a file already there, ``NO_SPACE`` for one the
     local file system had no room for (the service makes room and retries).
+    ``route`` says where the bytes came from: ``source`` (the shared file
+    system) or ``peer`` (another node leader's copy).
     """
 
     task: int
-    worker: int
+    worker: Any
     done: List[Tuple[int, int]]
     seconds: float
     epoch: int
+    route: str = "source"
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,13 +42,14 @@ from .coordinator import END, Batch, Channels, Coordinator
 from .errors import ConfigError, StageError
 from .jobdir import JobDir, agreed_job_id
 from .messages import Bye, Consumed, Fail, Hello
+from .peers import node_peers
 from .service import StagingService
 from .sources import open_source
 from .stats import Stats
 from .wire import recv as wire_recv
 from .workerpool import Wake, WorkerPool, children_skip_mpi
 from .workers import reader_main
-from .world import agree, detect
+from .world import agree, detect, split_leaders
 
 __all__ = ["Batch", "Pipeline"]
 
@@ -149,7 +150,7 @@ class Pipeline:
                 self._jobdir = JobDir(self._staging, self.catalog.root, agreed_job_id(self._staging, world), world)
                 self._jobdirs.append(self._jobdir)
                 self.local_dir = self._jobdir.path
-                read_root = self._connect_service(ctx, source, getattr(spec, "batch_size", self._plan_cfg.batch_size))
+                read_root = self._connect_service(ctx, source, spec, self._join_peers())
                 ch.send(Hello(world.rank, spec))
             ch.readers = WorkerPool(ctx, "read", "stager-read", self._reader.workers, reader_main,
                                     (read_root, self._loader, {"hdf5_key": self._dataset.hdf5_key}),
@@ -172,13 +173,25 @@ class Pipeline:
         """Minibatches the coordinator asks for past the consumer (staged, not yet read)."""
         return max(self._staging.lookahead, self._reader.ahead or 2 * self._reader.workers)
 
-    def _connect_service(self, ctx, source, batch_size):
+    def _join_peers(self):
+        """With ``staging.peers: partition``, the leaders' communicator (collective); else None."""
+        if self._staging.peers == "off":
+            return None
+        world = self.world
+        if world.comm is None or world.source != "mpi":
+            raise ConfigError("staging.peers is 'partition', but this run has no MPI communicator (world.mpi off, "
+                              "or not started by an MPI launcher): node leaders share their caches over MPI; start "
+                              "the job under mpiexec or srun, or set staging.peers: off")
+        return split_leaders(world)
+
+    def _connect_service(self, ctx, source, spec, peer_link):
         """Starts (leader) or joins (other ranks) the node's staging service.
 
         Args:
             ctx: The multiprocessing context.
             source: The ``Source`` the prefetchers fetch from.
-            batch_size: Samples per minibatch on one rank (for the window's size).
+            spec: This rank's plan description, or None.
+            peer_link: ``world.split_leaders``'s result (``staging.peers``), or None.
 
         Returns:
             The node-local directory to read staged files from.
@@ -190,10 +203,17 @@ class Pipeline:
             path = self._jobdir.create()
             ranks = world.local_size if shared else 1
             capacity = resolve_capacity(self._staging.capacity, path)
+            batch_size = getattr(spec, "batch_size", self._plan_cfg.batch_size)
             window = check_window(capacity, self.catalog.sizes, batch_size, self._ahead(), ranks)
             cache = Cache(self.catalog.sizes, policy_name(self._staging.cache_policy, capacity), capacity, window)
+            peers = None
+            if peer_link is not None:
+                peers = node_peers(peer_link, spec, self.catalog, source, path, self._staging.prefetchers,
+                                   self.stats.telemetry)
+                peers.keep_in(cache)
             ch.service = StagingService(self._staging, self._processes, self.catalog, source, path, ranks - 1,
-                                        self.stats.telemetry, cache, self._on_staged, self._jobdir.keep_open())
+                                        self.stats.telemetry, cache, self._on_staged, self._jobdir.keep_open(),
+                                        peers)
             ch.client = ch.service.start(ctx)
             return path, ch.service.address, ch.service.authkey
 

@@ -48,12 +48,14 @@ class StagingService:
         telemetry: The leader pipeline's ``Telemetry``; staging events go there.
         cache: The node's ``Cache`` (capacity, policy); from then on only the
             service thread touches it.
-        on_staged: Optional callable ``(relpath, bytes, epoch)`` per file copied.
+        on_staged: Optional callable ``(relpath, bytes, epoch)`` per file copied
+            from the source.
         keep_fds: Descriptors the prefetchers keep open (see ``WorkerPool``).
+        peers: The node leader's ``peers.Peers`` (``staging.peers``), or None.
     """
 
     def __init__(self, staging, processes, catalog, source, local_dir, remote_clients, telemetry, cache,
-                 on_staged=None, keep_fds=()):
+                 on_staged=None, keep_fds=(), peers=None):
         self.staging = staging
         self.cache = cache
         self.shutdown_timeout_s = processes.shutdown_timeout_s
@@ -64,6 +66,7 @@ class StagingService:
         self.telemetry = telemetry
         self.on_staged = on_staged
         self.keep_fds = keep_fds
+        self.peers = peers
         self.address = os.path.join(local_dir, ".service.sock") if remote_clients else None
         self.authkey = secrets.token_bytes(32)
         self.pool = None
@@ -82,6 +85,8 @@ class StagingService:
         """
         self.pool = WorkerPool(ctx, "prefetch", "stager-prefetch", self.staging.prefetchers, prefetcher_main,
                                (self.source, self.local_dir), self.keep_fds)
+        if self.peers is not None:
+            self.peers.start()
         if self.remote_clients:
             try:
                 os.unlink(self.address)  # left by a crashed run in a kept directory (ours, 0700)
@@ -143,6 +148,9 @@ class StagingService:
     def close(self, wait_for_clients_s):
         """Stops the service once its clients have left, or after the wait.
 
+        With peers, the node goes on serving other nodes' leaders until they
+        have all stopped fetching (up to the same wait).
+
         Args:
             wait_for_clients_s: How long to wait for other ranks to disconnect;
                 0 on an error path, where peers may never come.
@@ -152,6 +160,8 @@ class StagingService:
             self._halt.set()
             self.wake.notify()
             self._thread.join(timeout=self.shutdown_timeout_s)
+        if self.peers is not None:
+            self.peers.close(wait_for_clients_s, self.shutdown_timeout_s)
         if self._acceptor is not None and self._acceptor.is_alive():
             try:  # unblocks accept(); it sees the halt flag and returns
                 mpc.Client(self.address, family="AF_UNIX", authkey=self.authkey).close()

@@ -78,13 +78,15 @@ class ServiceLoop:
 
     def run(self):
         s = self.s
-        pool_conns = list(s.pool.conns)
+        pool_conns = list(s.pool.conns) + ([s.peers.conn] if s.peers is not None else [])
         from_pool = set(pool_conns)
         while not s.halted() and (self.clients or self.joined < s.remote_clients):
             for obj in mpc.wait(self.clients + pool_conns + [s.wake.conn], timeout=1.0):
                 if obj is s.wake.conn:
                     s.wake.recv()
                     self.admit_clients()
+                elif s.peers is not None and obj is s.peers.conn:
+                    self.on_reply(obj.recv())
                 elif obj in from_pool:
                     msg = s.pool.receive(obj)
                     if isinstance(msg, Failure) and msg.cause == "WorkerDied":
@@ -177,7 +179,9 @@ class ServiceLoop:
         if self.cache.used > self.peak:
             self.peak = self.cache.used
             s.telemetry.record(tm.USAGE, self.epoch, self.peak)
-        first = self.next_task
+        first, count = self.next_task, len(missing)
+        if s.peers is not None:
+            missing = self.ask_peers(request, missing)
         for chunk in split_tasks(missing, s.staging.prefetchers, s.staging.files_per_task):
             task = self.next_task
             self.next_task += 1
@@ -186,7 +190,20 @@ class ServiceLoop:
             s.pool.tasks.put(StageTask(task, request.epoch, request.step, files))
             self.task_time[task] = None
             request.tasks.append(task)
-        s.telemetry.record(tm.QUEUED, first, self.next_task - first, len(missing))
+        s.telemetry.record(tm.QUEUED, first, self.next_task - first, count)
+
+    def ask_peers(self, request, missing):
+        """Hands the files other nodes hold to the peer fetchers, one task per holder; returns the rest."""
+        peers, catalog = self.s.peers, self.catalog
+        ask, missing = peers.route(missing, self.cache.sizes[missing])
+        for owner, indices in peers.by_owner(ask):
+            task = self.next_task
+            self.next_task += 1
+            peers.submit(task, request.epoch, request.step, owner,
+                         [(int(i), catalog.path(i), int(catalog.sizes[i]), catalog.mtime(i)) for i in indices])
+            self.task_time[task] = None
+            request.tasks.append(task)
+        return missing
 
     def release(self, request):
         """A request's minibatch was read (or its client left): unpin, let the policy remove."""
@@ -223,14 +240,19 @@ class ServiceLoop:
         telemetry.record(tm.TASK, msg.task, len(msg.done), msg.seconds)
         on_staged = self.s.on_staged
         full = [index for index, nbytes in msg.done if nbytes == NO_SPACE]
+        if self.s.peers is not None:
+            self.s.peers.measure(msg)
         for index, nbytes in msg.done:
             if nbytes == NO_SPACE:
                 continue
             cache.staged(index)
             self.no_space.pop(index, None)
-            telemetry.record(tm.STAGED, index, nbytes, msg.epoch)
-            if nbytes and on_staged is not None:
-                on_staged(self.catalog.path(index), nbytes, msg.epoch)
+            if msg.route == "peer":
+                telemetry.record(tm.PEER, index, nbytes, msg.epoch)
+            else:
+                telemetry.record(tm.STAGED, index, nbytes, msg.epoch)
+                if nbytes and on_staged is not None:
+                    on_staged(self.catalog.path(index), nbytes, msg.epoch)
             for request in self.waiting.pop(index, ()):
                 request.remaining -= 1
                 if not request.remaining and not request.answered:

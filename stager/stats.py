@@ -43,7 +43,10 @@ class Stats:
         cache: On the node leader, per epoch: the node cache's ``hits`` (files
             already local or on their way when a minibatch asked for them),
             ``misses``, ``files_from_source``/``bytes_from_source``,
-            ``evictions``/``bytes_evicted`` and ``peak_bytes``.
+            ``evictions``/``bytes_evicted``, ``peak_bytes``, and with
+            ``staging.peers`` ``files_from_peers``/``bytes_from_peers`` (fetched
+            from other nodes' copies) and ``files_to_peers``/``bytes_to_peers``
+            (sent to them; the asking node's epoch).
     """
 
     def __init__(self):
@@ -69,6 +72,17 @@ class Stats:
                     epoch["bytes_from_source"] += b
                 else:
                     self.files_present += 1
+            elif kind == tm.PEER:
+                self.files_staged += 1
+                self.bytes_staged += b
+                epoch = self._epoch(int(value))
+                epoch["files_from_peers"] += 1
+                epoch["bytes_from_peers"] += b
+            elif kind == tm.SERVED:
+                if b:
+                    epoch = self._epoch(int(value))
+                    epoch["files_to_peers"] += 1
+                    epoch["bytes_to_peers"] += b
             elif kind == tm.REQUEST:
                 epoch = self._epoch(a)
                 epoch["hits"] += b
@@ -88,7 +102,8 @@ class Stats:
     def _epoch(self, epoch):
         if epoch not in self.cache:
             self.cache[epoch] = dict.fromkeys(("hits", "misses", "files_from_source", "bytes_from_source",
-                                               "evictions", "bytes_evicted", "peak_bytes"), 0)
+                                               "evictions", "bytes_evicted", "peak_bytes", "files_from_peers",
+                                               "bytes_from_peers", "files_to_peers", "bytes_to_peers"), 0)
         return self.cache[epoch]
 
     def cache_table(self):

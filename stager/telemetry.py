@@ -22,6 +22,8 @@ kind           a                    b                   value
 ``REQUEST``    epoch                files local (hits)  files to fetch (misses)
 ``EVICTED``    catalog index        bytes               epoch being requested
 ``USAGE``      epoch                bytes (a new peak)  0
+``PEER``       catalog index        bytes               epoch (from a peer's copy)
+``SERVED``     catalog index        bytes (0: missing)  the asking peer's epoch
 =============  ===================  ==================  ==========================
 """
 
@@ -29,9 +31,9 @@ import threading
 import time
 from array import array
 
-NEEDED, QUEUED, STAGED, TASK, READY, READ, DELIVERED, CONSUMED, REQUEST, EVICTED, USAGE = range(11)
+NEEDED, QUEUED, STAGED, TASK, READY, READ, DELIVERED, CONSUMED, REQUEST, EVICTED, USAGE, PEER, SERVED = range(13)
 KINDS = ("needed", "queued", "staged", "task", "ready", "read", "delivered", "consumed", "request", "evicted",
-         "usage")
+         "usage", "peer", "served")
 
 
 class _Columns:

@@ -288,3 +288,18 @@ def install_abort_hook(world):
         _abort(world, "uncaught error:\n" + "".join(traceback.format_exception(kind, value, tb)), 1)
 
     sys.excepthook = hook
+
+
+def split_leaders(world):
+    """Collective on ``world.comm`` (every rank calls it): the node leaders' communicator.
+
+    Returns:
+        ``(comm, node_of_rank)``: an mpi4py communicator of the node leaders,
+        ranked by global rank, on leaders (None elsewhere), and every rank's
+        ``node_index``.
+    """
+    from mpi4py import MPI  # deferred, as everywhere here
+
+    node_of_rank = world.comm.allgather(world.node_index)
+    comm = world.comm.Split(0 if world.node_leader else MPI.UNDEFINED, world.rank)
+    return (None if comm == MPI.COMM_NULL else comm), node_of_rank

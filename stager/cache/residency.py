@@ -41,6 +41,9 @@ class Cache:
         admitted_at: Per file, the tick it was last staged (FIFO's order).
         used_at: Per file, the tick it was last read (LRU's order).
         future: Every rank's future reads (``Future``), for a clairvoyant policy.
+        kept: Per file, whether other nodes count on this one holding it
+            (``staging.peers``), or None: such files go only when nothing
+            else can, whatever the policy prefers.
     """
 
     def __init__(self, sizes, policy="unbounded", capacity=None, window=0):
@@ -56,6 +59,8 @@ class Cache:
         self.in_flight_bytes = 0
         self.future = Future()
         self.policy = make_policy(policy)
+        self.kept = None
+        self._spill = False  # while making room, whether kept files may go too
         self._tick = 0
 
     @property
@@ -95,11 +100,21 @@ class Cache:
         need = self.used + nbytes - self.capacity
         victims = list(self.policy.victims(self, need))
         freed = int(self.sizes[victims].sum()) if victims else 0
+        if freed < need and self.kept is not None:
+            self._spill = True  # other nodes then read those files from the source
+            try:
+                victims = list(self.policy.victims(self, need))
+            finally:
+                self._spill = False
+            freed = int(self.sizes[victims].sum()) if victims else 0
         return victims if freed >= need else None
 
     def evictable(self):
-        """Unpinned staged files: those a policy may remove."""
-        return np.flatnonzero((self.state == STAGED) & (self.pins == 0))
+        """Unpinned staged files: those a policy may remove (kept ones only when nothing else can go)."""
+        free = (self.state == STAGED) & (self.pins == 0)
+        if self.kept is not None and not self._spill:
+            free &= ~self.kept
+        return np.flatnonzero(free)
 
     def fetching(self, indices):
         """Fetches of ``indices`` start."""
@@ -133,6 +148,8 @@ class Cache:
         self._tick += 1
         self.used_at[indices] = self._tick
         free = indices[self.pins[indices] == 0]
+        if self.kept is not None:
+            free = free[~self.kept[free]]  # not the node's own future: others may read them
         return list(self.policy.released(self, free)) if len(free) else []
 
     def removed(self, index):

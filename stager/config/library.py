@@ -143,6 +143,11 @@ class StagingConfig:
             room is needed (``cache.policies``): ``clairvoyant``, ``lru``,
             ``fifo``, ``minio``, ``none``, ``unbounded``; ``auto`` is
             ``clairvoyant`` with a capacity, ``unbounded`` without.
+        peers: ``off``: each node reads what it misses from the source;
+            ``partition``: node leaders share their caches over MPI: a file
+            is read from the source by its owner (the node that reads it in
+            the first epoch) and fetched from the owner's copy by the others
+            when that is measured to be faster.
     """
 
     enabled: bool = True
@@ -154,6 +159,7 @@ class StagingConfig:
     keep: bool = False
     capacity: Optional[str] = None
     cache_policy: str = "auto"
+    peers: str = "off"
 
     def __post_init__(self):
         from ..cache import POLICIES, parse_capacity  # the registry and the rule live with the cache
@@ -167,6 +173,7 @@ class StagingConfig:
         require(self.prefetchers >= 1, "staging.prefetchers must be at least 1")
         require(self.lookahead >= 1, "staging.lookahead must be at least 1")
         require(self.files_per_task >= 0, "staging.files_per_task must be 0 (automatic) or more")
+        require(self.peers in ("off", "partition"), f"staging.peers must be 'off' or 'partition', not {self.peers!r}")
 
 
 

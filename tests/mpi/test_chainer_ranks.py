@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from stager.config import config_from_dict
-from stager.synth import make_dataset
+from stager.job.synth import make_dataset
 from stager.world import detect
 
 MPI = pytest.importorskip("mpi4py.MPI")

@@ -1,0 +1,90 @@
+"""The peer transfer protocol inside every rank, each rank on a communicator
+of its own (it is both the holder and the requester), so it passes at any size."""
+
+import os
+import pathlib
+import shutil
+import tempfile
+
+import numpy as np
+import pytest
+
+from stager import telemetry as tm
+from stager.messages import PeerFetch, Staged
+from stager.peers.fetcher import PeerFetcher
+from stager.peers.protocol import CHUNK
+from stager.peers.server import PeerServer
+from stager.sources import open_source
+from stager.telemetry import Telemetry
+from stager.world import detect
+
+MPI = pytest.importorskip("mpi4py.MPI")
+
+
+@pytest.fixture(scope="module")
+def comm():
+    world = detect("on")
+    own = world.comm.Split(world.rank, 0)  # collective: every rank makes its own
+    yield own
+    own.Free()
+
+
+@pytest.fixture
+def dirs():
+    # Not tmp_path: pytest's numbered directories race between the ranks of one job.
+    tmp_path = pathlib.Path(tempfile.mkdtemp(prefix="stager-peers-"))
+    source, holder, requester = (tmp_path / n for n in ("source", "holder", "requester"))
+    for d in (source, holder, requester):
+        d.mkdir()
+    rng = np.random.default_rng(0)
+    files = {"small.bin": 3000, "large.bin": 2 * CHUNK + 123}
+    for name, size in files.items():
+        data = rng.integers(0, 256, size, dtype=np.uint8).tobytes()
+        (source / name).write_bytes(data)
+        (holder / name).write_bytes(data)
+    yield source, holder, requester, files
+    shutil.rmtree(tmp_path)
+
+
+def transfer(comm, dirs, names, to_come=lambda index: False):
+    source, holder, requester, files = dirs
+    telemetry = Telemetry()
+    server = PeerServer(comm, str(holder), telemetry, 30, to_come)
+    fetcher = PeerFetcher(comm, open_source(str(source)), str(requester), 2, 30)
+    server.start()
+    fetcher.start()
+    try:
+        fetcher.tasks.put(PeerFetch(7, 1, 0, 0, [(i, name, files[name], None) for i, name in enumerate(names)]))
+        replies = []
+        while sum(len(m.done) for m in replies if isinstance(m, Staged)) < len(names):
+            replies.append(fetcher.conn.recv())
+    finally:
+        fetcher.stop(5)
+        server.stop(5)
+    served = [(e[2], e[3]) for e in telemetry.events([tm.SERVED])]
+    return replies, served
+
+
+def test_a_holder_sends_its_copy_byte_for_byte_in_bounded_chunks(comm, dirs):
+    source, _, requester, files = dirs
+    replies, served = transfer(comm, dirs, ["small.bin", "large.bin"])
+    assert [(m.task, m.route, m.done) for m in replies] == [(7, "peer", [(0, files["small.bin"]),
+                                                                         (1, files["large.bin"])])], replies
+    for name in files:
+        assert (requester / name).read_bytes() == (source / name).read_bytes()
+    assert sorted(served) == [(0, files["small.bin"]), (1, files["large.bin"])]
+    assert [p for p in os.listdir(requester) if p.startswith(".")] == []
+
+
+def test_a_holder_that_evicted_the_file_makes_the_requester_read_the_source(comm, dirs):
+    source, holder, requester, files = dirs
+    os.unlink(holder / "small.bin")                      # evicted after the requester chose to ask
+    with open(holder / "large.bin", "r+b") as fh:        # a copy of another size is no copy
+        fh.truncate(CHUNK)
+    replies, served = transfer(comm, dirs, ["small.bin", "large.bin"])
+    assert [(m.route, m.done) for m in replies] == [("source", [(0, files["small.bin"]),
+                                                                (1, files["large.bin"])])], replies
+    for name in files:
+        assert (requester / name).read_bytes() == (source / name).read_bytes()
+    assert sorted(served) == [(0, 0), (1, 0)], "the holder answered, sending nothing"
+    assert [p for p in os.listdir(requester) if p.startswith(".")] == [], "nothing partial is left"

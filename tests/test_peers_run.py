@@ -1,0 +1,105 @@
+"""Node leaders sharing their caches over MPI (``staging.peers``), under the
+mpich wheel's mpiexec: 4 ranks as 2 and as 4 emulated nodes."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
+
+import pytest
+
+from conftest import REPO
+from stager import plan
+from stager.catalog import Catalog
+from stager.config import PlanConfig
+from test_mpi_run import MPIEXEC, SAMPLES, assert_nothing_left, mpirun, read_records
+
+pytestmark = pytest.mark.skipif(not os.path.exists(MPIEXEC), reason=f"no mpiexec at {MPIEXEC} (install .[mpich])")
+
+LAYOUTS = {"2 nodes": [("a", 2), ("b", 2)], "4 nodes": [("a", 1), ("b", 1), ("c", 1), ("d", 1)]}
+EPOCHS = 3
+
+
+def write_job(tmp_path, open_ms):
+    (tmp_path / "job.yaml").write_text(f"""
+dataset: {{source: data, manifest: manifest.tsv, loader: "peerchecks:same_as_source"}}
+synthetic: {{samples: {SAMPLES}, bytes: 3000}}
+slowfs: {{enabled: true, open_ms: {open_ms}}}
+plan: {{batch_size: 5, epochs: {EPOCHS}, seed: 3}}
+staging: {{local_dir: local, lookahead: 4}}
+""")
+    return str(tmp_path / "job.yaml")
+
+
+def helper_env(tmp_path, **extra):
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(REPO, "tests", "helpers"),
+                                                        os.environ.get("PYTHONPATH", REPO)]),
+                STAGER_TEST_SOURCE=str(tmp_path / "data"), **extra)
+
+
+def run(tmp_path, nodes, job, name, *sets):
+    rec = tmp_path / name
+    args = ["run", job, "--quiet", "--record", str(rec), "--report", str(rec / "r.json")]
+    for s in sets:
+        args += ["--set", s]
+    proc = mpirun(nodes, args, tmp_path, env=helper_env(tmp_path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    reads, staged = read_records(rec)
+    return reads, staged, json.loads((rec / "r.json").read_text())
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_partition_reads_each_file_from_the_source_once_per_job(tmp_path, layout):
+    """The source is slow (60 ms an open) against a peer's copy, so the model asks peers:
+    over 3 epochs every file is read from the source once, by one node; with peers off, again."""
+    nodes = LAYOUTS[layout]
+    job = write_job(tmp_path, open_ms=60)
+    reads, staged, report = run(tmp_path, nodes, job, "partition", "staging.peers=partition")
+
+    catalog = Catalog.from_manifest(str(tmp_path / "data"), "manifest.tsv")
+    cfg = PlanConfig(batch_size=5, epochs=EPOCHS, seed=3)
+    for r, lines in reads.items():  # the loader checked every sample's bytes against the source
+        expected = [[catalog.path(i) for i in m.indices] for m in plan.iterate(SAMPLES, cfg, rank=r, size=4)]
+        assert [line["samples"] for line in lines] == expected, f"rank {r} did not follow the plan"
+    from_source = Counter(f["path"] for files in staged.values() for f in files)
+    assert sorted(from_source) == sorted(catalog.paths()) and set(from_source.values()) == {1}, \
+        "each file must be read from the shared file system exactly once in the job"
+    table = report["cache"]
+    # (a rank running ahead into epoch 1 may fetch a file its neighbour reads late in epoch 0)
+    assert sum(row["files_from_source"] for row in table) == SAMPLES
+    assert all(row["files_from_peers"] > 0 for row in table[1:]) and table[0]["files_from_peers"] == 0
+    assert [row["files_to_peers"] for row in table] == [row["files_from_peers"] for row in table]
+    assert_nothing_left(tmp_path, job)
+
+    _, staged_off, report_off = run(tmp_path, nodes, job, "off", "staging.peers='off'")
+    reread = sum(len(files) for files in staged_off.values())
+    assert reread > SAMPLES, "without peers, nodes read again what other nodes read before"
+    assert all(row["files_from_peers"] == 0 for row in report_off["cache"])
+    assert_nothing_left(tmp_path, job)
+
+
+def test_a_node_leader_dying_mid_transfer_ends_the_job(tmp_path):
+    """Node b's leader is killed in epoch 3, while the leaders exchange files all the time."""
+    job = write_job(tmp_path, open_ms=20)
+    killed = tmp_path / "killed"
+    env = helper_env(tmp_path, STAGER_TEST_KILLED=str(killed))
+    proc = mpirun(LAYOUTS["2 nodes"], ["run", job, "--quiet", "--set", "dataset.loader=peerchecks:kill_leader_of_b",
+                                       "--set", "staging.peers=partition", "--set", "plan.epochs=0",
+                                       "--set", "reader.workers=1"], tmp_path, timeout=120, env=env)
+    ended = time.time()
+    assert proc.returncode != 0
+    assert killed.exists(), proc.stdout + proc.stderr
+    assert ended - float(killed.read_text()) < 20, "the job must end within seconds of losing a leader"
+    assert_nothing_left(tmp_path, job)
+
+
+def test_partition_without_mpi_is_refused(tmp_path):
+    job = write_job(tmp_path, open_ms=1)
+    proc = subprocess.run([sys.executable, "-m", "stager", "run", job, "--quiet", "--set", "staging.peers=partition",
+                           "--set", "world.mpi='off'"], capture_output=True, text=True, timeout=120,
+                          env=helper_env(tmp_path, TMPDIR=str(tmp_path)))
+    assert proc.returncode != 0
+    assert "staging.peers is 'partition', but this run has no MPI communicator" in proc.stderr
+    assert not (tmp_path / "local").exists() or os.listdir(tmp_path / "local") == []
