@@ -82,3 +82,10 @@ def test_shipped_demo_config_matches_the_embedded_demo():
 def test_example_config_loads():
     cfg = load_config(os.path.join(REPO, "configs", "example.yaml"))
     assert cfg.staging.prefetchers == 12 and cfg.dataset.manifest == "train.tsv"
+
+
+def test_a_bare_on_or_off_in_yaml_is_the_word_for_a_text_key(tmp_path):
+    cfg = load_config(write(tmp_path / "c.yaml", "world: {mpi: off}\nstaging: {peers: off}\n"), ["world.mpi=on"])
+    assert (cfg.world.mpi, cfg.staging.peers) == ("on", "off")
+    with pytest.raises(ConfigError, match="staging.peers must be 'off' or 'partition', not 'on'"):
+        load_config(write(tmp_path / "d.yaml", "staging: {peers: on}\n"))

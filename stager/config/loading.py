@@ -59,6 +59,10 @@ def _coerce(value, tp, key):
         return float(value)
     if tp is str and isinstance(value, (str, int, float)) and not isinstance(value, bool):
         return str(value)
+    if tp is str and isinstance(value, bool):
+        # YAML 1.1 reads a bare on/off (world.mpi: off) as a boolean; the
+        # key's own check then says whether "on"/"off" is a valid value.
+        return "on" if value else "off"
     raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r} ({type(value).__name__})")
 
 
