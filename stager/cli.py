@@ -41,7 +41,11 @@ def _cmd_demo(args):
 def _cmd_make_dataset(args):
     from .job.synth import make_dataset
 
-    manifest = make_dataset(args.dir, args.samples, args.bytes, args.classes, args.seed, progress=not args.quiet)
+    from .job.synth import JPEG_BYTES
+
+    nbytes = args.bytes or (JPEG_BYTES if args.format == "jpeg" else 196_736)
+    manifest = make_dataset(args.dir, args.samples, nbytes, args.classes, args.seed, progress=not args.quiet,
+                            fmt=args.format)
     print(f"wrote {args.samples} samples and {manifest}")
     return 0
 
@@ -162,12 +166,14 @@ def build_parser():
     p.set_defaults(func=_cmd_demo)
 
     p = sub.add_parser("make-dataset", help="write a synthetic ImageNet-like dataset",
-                       description="Write labelled random uint8 images as .npy files under DIR/<class>/ and "
-                                   "a manifest DIR/manifest.tsv.")
+                       description="Write labelled random uint8 images as .npy files (or 256x256 JPEGs) "
+                                   "under DIR/<class>/ and a manifest DIR/manifest.tsv.")
     p.add_argument("dir", help="directory to create the dataset in")
     p.add_argument("--samples", type=int, required=True, help="number of samples")
-    p.add_argument("--bytes", type=int, default=196_736, help="approximate bytes per sample (default 196736: "
-                                                               "256x256x3)")
+    p.add_argument("--bytes", type=int, help="approximate bytes per sample (default 196736: 256x256x3 as "
+                                             ".npy; 115000 as JPEG)")
+    p.add_argument("--format", choices=("npy", "jpeg"), default="npy",
+                   help="npy: random uint8 arrays (default); jpeg: 256x256 RGB JPEGs, decoded by the image loader")
     p.add_argument("--classes", type=int, default=10, help="number of labels (default 10)")
     p.add_argument("--seed", type=int, default=0, help="seed of the content (default 0)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")

@@ -33,6 +33,9 @@ class DatasetConfig:
             a tab). Relative to ``source`` unless absolute. None: scan the tree.
         loader: ``raw``, ``npy``, ``hdf5`` or ``module:function`` taking a path.
         hdf5_key: Dataset name inside each ``.h5`` file for the hdf5 loader.
+        layout: What the ``image`` loader returns: ``hwc`` (uint8, height x
+            width x channels, as decoded) or ``chw`` (float32, channels
+            first, Chainer's ``LabeledImageDataset`` layout).
         extensions: When scanning, keep only files with these suffixes.
     """
 
@@ -40,12 +43,14 @@ class DatasetConfig:
     manifest: Optional[str] = None
     loader: str = "npy"
     hdf5_key: str = "data"
+    layout: str = "hwc"
     extensions: List[str] = field(default_factory=list)
 
     def __post_init__(self):
         from ..loaders import check_loader_name  # the registry lives with the loaders
 
         check_loader_name(self.loader)
+        require(self.layout in ("hwc", "chw"), f"dataset.layout must be 'hwc' or 'chw', not {self.layout!r}")
 
 
 
