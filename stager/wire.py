@@ -29,8 +29,9 @@ went through it) and ``table`` lists ``(kind, start, dtype, shape, order)``
 per array. The rank returns a slot by writing its offset into the ring's
 ``freed`` pipe, which the reader empties before choosing a slot. A sender
 that dies mid-message leaves end-of-file, which ``recv`` reports as
-``EOFError`` or ``OSError``, never a hang; a sender never waits for a slot,
-so a reader told to stop never blocks here.
+``EOFError`` or ``OSError``, never a hang. A sender never waits for a slot,
+and one told to stop abandons its copy, so a reader told to stop ends within
+one array's copy.
 """
 
 import fcntl
@@ -169,12 +170,18 @@ class Ring:
         self._sizes[offset] = size
         return offset
 
-    def send(self, conn, obj):
+    def send(self, conn, obj, stop=None):
         """Sends ``obj``; each of its arrays is copied once, into a slot.
 
         Args:
             conn: The reader's reply pipe.
             obj: What to send (a ``Decoded`` or a ``Failure``).
+            stop: An event; once it is set the copy is abandoned (a
+                minibatch's first copy into a new slot faults in every page
+                of it, tens of milliseconds nobody will use).
+
+        Returns:
+            False if ``stop`` ended the copy (nothing was sent).
         """
         head = io.BytesIO()
         collector = _Collector(head)
@@ -189,9 +196,13 @@ class Ring:
             slot = (offset, self._sizes[offset])
             ring = self._map(*slot)
             for (kind, start, dtype, shape, order), (_, array) in zip(table, collector.found):
+                if stop is not None and stop.is_set():
+                    self._idle.add(offset)
+                    return False
                 dst = np.frombuffer(ring, np.uint8, array.nbytes, start).view(dtype)
                 np.copyto(dst.reshape(shape, order=order), array, casting="no")
         conn.send_bytes(pickle.dumps((head.getvalue(), slot, table), protocol=5))
+        return True
 
     def recv(self, conn):
         """Receives what ``send`` sent; arrays are views of their slot (see the lifetime rule).

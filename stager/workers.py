@@ -95,4 +95,4 @@ def reader_main(worker, parent_pid, tasks, reply, stop, root, loader, loader_opt
             ring.send(reply, Failure.from_exception("read", worker, exc, task.epoch, task.step, rel))
             load = None
             continue
-        ring.send(reply, Decoded(task.seq, worker, samples, time.perf_counter() - start))
+        ring.send(reply, Decoded(task.seq, worker, samples, time.perf_counter() - start), stop)
