@@ -105,6 +105,11 @@ def _cmd_bench(args):
         value = getattr(args, name)
         if value is not None:
             setattr(opts, name, value)
+    opts.format = args.format
+    if args.format == "jpeg" and args.bytes is None and not args.quick:
+        from .job.synth import JPEG_BYTES
+
+        opts.bytes = JPEG_BYTES
     opts.chainer = not args.no_chainer
     result = run_bench(opts)
     if args.json:
@@ -113,14 +118,15 @@ def _cmd_bench(args):
     plots = []
     if args.plots:
         os.makedirs(args.plots, exist_ok=True)
-        plots = [("elapsed time against prefetchers", os.path.join(args.plots, "bench-throughput.png")),
-                 ("where the time went, training", os.path.join(args.plots, "bench-breakdown.png"))]
+        suffix = "" if args.format == "npy" else f"-{args.format}"
+        plots = [("elapsed time against prefetchers", os.path.join(args.plots, f"bench-throughput{suffix}.png")),
+                 ("where the time went, training", os.path.join(args.plots, f"bench-breakdown{suffix}.png"))]
         report.plot_throughput(result, plots[0][1])
         report.plot_breakdown(result, plots[1][1])
     command = "stager bench " + " ".join(shlex.quote(a) for a in sys.argv[2:])
     block = report.markdown(result, command, plots)
     if args.markdown:
-        report.update_doc(args.markdown, block)
+        report.update_doc(args.markdown, block, args.format)
     print(block)
     return 0
 
@@ -230,6 +236,9 @@ def build_parser():
     p.add_argument("--prefetchers", type=_ints, help="prefetcher counts to sweep (default 2,4,8,12,16)")
     p.add_argument("--readers", type=_ints, help="reader counts to sweep (default 2,4,8)")
     p.add_argument("--no-chainer", action="store_true", help="leave Chainer's MultiprocessIterator out")
+    p.add_argument("--format", choices=("npy", "jpeg"), default="npy",
+                   help="the workload: npy (uint8 arrays, default) or jpeg (256x256 JPEGs of about 115 KB, "
+                        "decoded to float32 channel-first by every method)")
     p.add_argument("--local-dir", help="node-local storage for every method's copies (default: /dev/shm where "
                                        "it exists; see docs/benchmarks.md)")
     p.add_argument("--engine", choices=ENGINES, help="the emulator's engine (default auto: C where it builds)")
