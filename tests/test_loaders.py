@@ -59,13 +59,19 @@ def test_npy_loader_refuses_pickled_objects_and_other_files(tmp_path):
         load_npy(str(path), {})
 
 
-def _ring():
-    return wire.Ring(multiprocessing.get_context("fork"))
-
-
-def test_wire_carries_arrays_and_objects_intact():
+@pytest.fixture
+def channel():
+    """A reader's ring and pipe, both ends in this process: ``(ring, receiver, sender)``."""
     receiver, sender = multiprocessing.Pipe(duplex=False)
-    ring = _ring()
+    ring = wire.Ring(multiprocessing.get_context("fork"))
+    yield ring, receiver, sender
+    ring.close()
+    receiver.close()
+    sender.close()
+
+
+def test_wire_carries_arrays_and_objects_intact(channel):
+    ring, receiver, sender = channel
     big = np.arange(1_000_000, dtype=np.float64).reshape(1000, 1000)  # larger than the pipe
     chw = np.random.default_rng(2).integers(0, 255, (64, 64, 3), dtype=np.uint8).transpose(2, 0, 1)
     message = ("batch", 7, [big, np.asfortranarray(np.arange(600.0).reshape(20, 30)), chw,
@@ -81,29 +87,21 @@ def test_wire_carries_arrays_and_objects_intact():
         assert ours.flags.writeable
     assert got[2][1].flags.f_contiguous and got[2][2].flags.c_contiguous
     assert got[2][6] == (b"raw" * 1000, b"small", 3)
-    ring.close()
-    receiver.close()
-    sender.close()
 
 
-def test_wire_sends_a_channel_first_image_out_of_band():
+def test_wire_sends_a_channel_first_image_out_of_band(channel):
     # A transposed array is not contiguous; pickle would carry all of it in band.
-    receiver, sender = multiprocessing.Pipe(duplex=False)
-    ring = _ring()
+    ring, receiver, sender = channel
     chw = [np.zeros((256, 256, 3), np.uint8).transpose(2, 0, 1).astype(np.float32, order="K")
            for _ in range(4)]
     assert not chw[0].flags.c_contiguous
     ring.send(sender, chw)
     assert len(receiver.recv_bytes()) < 2048  # 3 MB of samples: only their description is on the pipe
-    ring.close()
-    receiver.close()
-    sender.close()
 
 
-def test_samples_kept_by_the_consumer_outlive_later_messages():
+def test_samples_kept_by_the_consumer_outlive_later_messages(channel):
     """The lifetime rule: a kept sample holds its slot; a dropped one hands it back."""
-    receiver, sender = multiprocessing.Pipe(duplex=False)
-    ring = _ring()
+    ring, receiver, sender = channel
     kept = []
     for i in range(6):  # nothing is dropped: every message needs a slot of its own
         ring.send(sender, [np.full((i + 1, 4096), i, dtype=np.int32), i])
@@ -118,9 +116,6 @@ def test_samples_kept_by_the_consumer_outlive_later_messages():
         ring.send(sender, [np.full((3, 4096), i, dtype=np.int32)])
         assert (ring.recv(receiver)[0] == i).all()
     assert os.fstat(ring.fd).st_size == size
-    ring.close()
-    receiver.close()
-    sender.close()
 
 
 def _sender(target):
