@@ -55,7 +55,7 @@ def measure(way, batches):
     ctx = multiprocessing.get_context("fork")
     receiver, sender = ctx.Pipe(duplex=False)
     wire.widen(sender)
-    ring = wire.Ring(ctx)
+    ring = wire.Ring()
     proc = ctx.Process(target=_send, args=(way, sender, ring, batches))
     begin = time.perf_counter()
     proc.start()

@@ -144,7 +144,7 @@ class Pipeline:
                 self.local_dir = self._jobdir.path
                 read_root = self._connect_service(ctx)
                 ch.send(Hello(world.rank, spec))
-            rings = [Ring(ctx) for _ in range(self._reader.workers)]
+            rings = [Ring() for _ in range(self._reader.workers)]
             ch.readers = WorkerPool(ctx, "read", "stager-read", self._reader.workers, reader_main,
                                     (read_root, self._loader,
                                      {"hdf5_key": self._dataset.hdf5_key, "layout": self._dataset.layout}, rings),

@@ -19,7 +19,8 @@ writable objects backed by their slot, which is handed back to the reader
 only when every one of them has been garbage-collected. So a sample may be
 kept (or changed in place) as long as the caller likes and no later
 minibatch ever overwrites it; what is kept stays in shared memory, and a
-reader whose slots are all held makes a new one. Copies (``torch.stack``,
+reader whose slots are all held makes a new one. One sample kept holds its
+whole minibatch's slot: ``numpy.array(sample)`` keeps only its own bytes. Copies (``torch.stack``,
 ``default_collate``, ``concat_examples``) free the slot as soon as the batch
 itself is dropped.
 
@@ -99,13 +100,9 @@ class Ring:
     the rank receives. Picklable while a process is being started (its
     descriptors reach the child as ``multiprocessing`` hands pipes over);
     with ``fork`` the child keeps ``fds`` (list them in ``keep_fds``).
-
-    Args:
-        ctx: The multiprocessing context the reader is started with (unused
-            beyond documenting who may share the ring).
     """
 
-    def __init__(self, ctx=None):
+    def __init__(self):
         self.fd = os.memfd_create("stager-ring", os.MFD_CLOEXEC)
         # Non-blocking both ways: the reader empties it without waiting, and
         # a slot freed after its reader is gone must not block the rank.
@@ -117,7 +114,9 @@ class Ring:
         self._sizes = {}      # sender: slot offset -> bytes
         self._idle = set()    # sender: slots the rank has handed back
         self._end = 0         # sender: the memfd's size
-        self._lock = threading.Lock()  # receiver: finalisers against close()
+        # Receiver: finalisers against close(). Reentrant: a collection that
+        # frees a slot's last array may run inside either, on the same thread.
+        self._lock = threading.RLock()
 
     @property
     def fds(self):

@@ -63,7 +63,7 @@ def test_npy_loader_refuses_pickled_objects_and_other_files(tmp_path):
 def channel():
     """A reader's ring and pipe, both ends in this process: ``(ring, receiver, sender)``."""
     receiver, sender = multiprocessing.Pipe(duplex=False)
-    ring = wire.Ring(multiprocessing.get_context("fork"))
+    ring = wire.Ring()
     yield ring, receiver, sender
     ring.close()
     receiver.close()
@@ -122,7 +122,7 @@ def _sender(target):
     """A forked process running ``target(conn, ring)``; returns (process, receiving end, ring)."""
     ctx = multiprocessing.get_context("fork")
     receiver, sender = ctx.Pipe(duplex=False)
-    ring = wire.Ring(ctx)
+    ring = wire.Ring()
     proc = ctx.Process(target=target, args=(sender, ring))
     proc.start()
     sender.close()
