@@ -2,9 +2,10 @@
 
 A forked sender sends ``--batches`` minibatches of 32 channel-first float32
 images (3x256x256, 786 KB each, made by a transpose as a loader does, so not
-contiguous) and the receiver takes them; the figure is the receiver's wall
-time per sample, the sender's copy included (both run at once, as a reader
-and the coordinator do). Ways, measured side by side in one run:
+contiguous) and the receiver takes them; the figures are the receiver's wall time per
+sample, the sender's copy included (both run at once, as a reader and the
+coordinator do), and the CPU time both spent per sample, which a busy
+machine inflates less. Ways, measured side by side in one run:
 
 - ``ring``: ``wire.Ring`` (what readers use): one strided copy into shared
   memory, which the rank uses in place;
@@ -42,32 +43,38 @@ def _minibatch(contiguous):
 
 def _send(way, conn, ring, batches):
     samples = _minibatch(way.endswith("-contiguous"))
-    for _ in range(batches):
+    for i in range(batches + 1):  # the first one warms up, untimed
+        if i == 1:
+            cpu = time.process_time()
         if way.startswith("ring"):
             ring.send(conn, samples)
         else:
             conn.send(samples)
+    conn.send(time.process_time() - cpu)
     conn.close()
 
 
 def measure(way, batches):
-    """Seconds per sample for ``way``."""
+    """``(wall, cpu)`` seconds per sample for ``way``."""
     ctx = multiprocessing.get_context("fork")
     receiver, sender = ctx.Pipe(duplex=False)
     wire.widen(sender)
     ring = wire.Ring()
     proc = ctx.Process(target=_send, args=(way, sender, ring, batches))
-    begin = time.perf_counter()
     proc.start()
     sender.close()
-    for _ in range(batches):
+    for i in range(batches + 1):
+        if i == 1:
+            begin, cpu = time.perf_counter(), time.process_time()
         got = ring.recv(receiver) if way.startswith("ring") else receiver.recv()
         assert len(got) == BATCH
+        del got  # as a training step drops its batch
     elapsed = time.perf_counter() - begin
+    cpu = time.process_time() - cpu + receiver.recv()
     proc.join()
     receiver.close()
     ring.close()
-    return elapsed / (batches * BATCH)
+    return elapsed / (batches * BATCH), cpu / (batches * BATCH)
 
 
 def main():
@@ -76,13 +83,16 @@ def main():
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
     ways = ("ring", "ring-contiguous", "pickle", "pickle-contiguous")
-    best = {way: float("inf") for way in ways}
+    best = {way: (float("inf"), float("inf")) for way in ways}
     for _ in range(args.repeat):  # interleaved, so a busy moment hits every way alike
         for way in ways:
-            best[way] = min(best[way], measure(way, args.batches))
-    print(f"{'way':20s} {'ms per 786 KB sample':>21s} {'x ring':>7s}  (best of {args.repeat})")
+            wall, cpu = measure(way, args.batches)
+            best[way] = (min(best[way][0], wall), min(best[way][1], cpu))
+    print(f"per 786 KB sample, best of {args.repeat}")
+    print(f"{'way':20s} {'wall ms':>8s} {'x ring':>7s} {'CPU ms':>7s} {'x ring':>7s}")
     for way in ways:
-        print(f"{way:20s} {best[way] * 1e3:21.3f} {best[way] / best['ring']:7.2f}")
+        (wall, cpu), (ring_wall, ring_cpu) = best[way], best["ring"]
+        print(f"{way:20s} {wall * 1e3:8.3f} {wall / ring_wall:7.2f} {cpu * 1e3:7.3f} {cpu / ring_cpu:7.2f}")
 
 
 if __name__ == "__main__":
