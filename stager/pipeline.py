@@ -148,8 +148,8 @@ class Pipeline:
             ch.readers = WorkerPool(ctx, "read", "stager-read", self._reader.workers, reader_main,
                                     (read_root, self._loader,
                                      {"hdf5_key": self._dataset.hdf5_key, "layout": self._dataset.layout}, rings),
-                                    keep_fds=[fd for r in rings for fd in r.fds], recv=lambda i, conn: rings[i].recv(conn),
-                                    owned=rings)
+                                    keep_fds=[fd for r in rings for fd in r.fds],
+                                    recv=lambda i, conn: rings[i].recv(conn), owned=rings)
         read_ahead = self._reader.ahead or 2 * self._reader.workers
         coordinator = Coordinator(ch, minibatches, self.catalog, self.stats.telemetry, self._staging.lookahead,
                                   read_ahead)

@@ -152,10 +152,10 @@ class WorkerPool:
         """Stops the workers: event, one ``None`` sentinel each, close the
         reply pipes, join, then terminate, then kill. Safe to call twice.
 
-        Workers drop what they hold: they check the event between files and
-        while waiting for room to reply, and closing the read ends turns a
-        reply half written into a full pipe into ``BrokenPipeError`` at once
-        (which ``_entry`` takes as the end), so nothing is drained and a
+        Workers drop what they hold: they check the event between files (and
+        readers between the arrays they copy out), and closing the read ends
+        turns a reply half written into a full pipe into ``BrokenPipeError``
+        at once (which ``_entry`` takes as the end), so nothing is drained and a
         normal stop takes about one file's decoding, not the time to read
         every worker's minibatch.
         """
