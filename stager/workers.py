@@ -5,9 +5,9 @@ sentinel, the stop event is set, or their parent dies (checked each time the
 queue is idle for ``POLL_S``; a re-parented worker exits by itself, as
 PyTorch's workers do). Told to stop, a worker drops the task it holds at the
 next file instead of finishing and replying: nobody will read the reply.
-They reply on their own pipe (``workerpool.py``). An exception is reported with its stage, epoch, minibatch and file, and the
-worker then waits to be stopped rather than exiting, so the report cannot be
-lost.
+They reply on their own pipe (``workerpool.py``). An exception is reported
+with its stage, epoch, minibatch and file, and the worker then waits to be
+stopped rather than exiting, so the report cannot be lost.
 """
 
 import os
