@@ -30,7 +30,11 @@ class StagedLoader(IterableDataset):
         config: A stager ``Config`` (or a dict of its values).
         collate_fn: Turns a list of samples into a batch; default:
             ``torch.utils.data.default_collate`` (labelled samples become
-            ``(data, labels)`` tensors).
+            ``(data, labels)`` tensors, copies that the caller owns outright).
+            The samples it gets are views of a reader's shared memory, each
+            slot reused only once every array from it is gone (``stager.wire``),
+            so a collate that keeps them (``torch.from_numpy``) is safe too and
+            holds that memory as long as its batch lives.
         world: A ``stager.world.World``; default: detected (MPI when launched
             by mpiexec/srun).
         catalog: A ``stager.Catalog``; default: built on rank 0 and broadcast.

@@ -46,7 +46,11 @@ def _cmd_demo(args):
 def _cmd_make_dataset(args):
     from .job.synth import make_dataset
 
-    manifest = make_dataset(args.dir, args.samples, args.bytes, args.classes, args.seed, progress=not args.quiet)
+    from .job.synth import JPEG_BYTES
+
+    nbytes = args.bytes or (JPEG_BYTES if args.format == "jpeg" else 196_736)
+    manifest = make_dataset(args.dir, args.samples, nbytes, args.classes, args.seed, progress=not args.quiet,
+                            fmt=args.format)
     print(f"wrote {args.samples} samples and {manifest}")
     return 0
 
@@ -106,6 +110,11 @@ def _cmd_bench(args):
         value = getattr(args, name)
         if value is not None:
             setattr(opts, name, value)
+    opts.format = args.format
+    if args.format == "jpeg" and args.bytes is None and not args.quick:
+        from .job.synth import JPEG_BYTES
+
+        opts.bytes = JPEG_BYTES
     opts.chainer = not args.no_chainer
     result = run_bench(opts)
     if args.json:
@@ -114,14 +123,15 @@ def _cmd_bench(args):
     plots = []
     if args.plots:
         os.makedirs(args.plots, exist_ok=True)
-        plots = [("elapsed time against prefetchers", os.path.join(args.plots, "bench-throughput.png")),
-                 ("where the time went, training", os.path.join(args.plots, "bench-breakdown.png"))]
+        suffix = "" if args.format == "npy" else f"-{args.format}"
+        plots = [("elapsed time against prefetchers", os.path.join(args.plots, f"bench-throughput{suffix}.png")),
+                 ("where the time went, training", os.path.join(args.plots, f"bench-breakdown{suffix}.png"))]
         report.plot_throughput(result, plots[0][1])
         report.plot_breakdown(result, plots[1][1])
     command = "stager bench " + " ".join(shlex.quote(a) for a in sys.argv[2:])
     block = report.markdown(result, command, plots)
     if args.markdown:
-        report.update_doc(args.markdown, block)
+        report.update_doc(args.markdown, block, args.format)
     print(block)
     return 0
 
@@ -184,12 +194,14 @@ def build_parser():
     p.set_defaults(func=_cmd_demo)
 
     p = sub.add_parser("make-dataset", help="write a synthetic ImageNet-like dataset",
-                       description="Write labelled random uint8 images as .npy files under DIR/<class>/ and "
-                                   "a manifest DIR/manifest.tsv.")
+                       description="Write labelled random uint8 images as .npy files (or 256x256 JPEGs) "
+                                   "under DIR/<class>/ and a manifest DIR/manifest.tsv.")
     p.add_argument("dir", help="directory to create the dataset in")
     p.add_argument("--samples", type=int, required=True, help="number of samples")
-    p.add_argument("--bytes", type=int, default=196_736, help="approximate bytes per sample (default 196736: "
-                                                               "256x256x3)")
+    p.add_argument("--bytes", type=int, help="approximate bytes per sample (default 196736: 256x256x3 as "
+                                             ".npy; 115000 as JPEG)")
+    p.add_argument("--format", choices=("npy", "jpeg"), default="npy",
+                   help="npy: random uint8 arrays (default); jpeg: 256x256 RGB JPEGs, decoded by the image loader")
     p.add_argument("--classes", type=int, default=10, help="number of labels (default 10)")
     p.add_argument("--seed", type=int, default=0, help="seed of the content (default 0)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -246,6 +258,9 @@ def build_parser():
     p.add_argument("--prefetchers", type=_ints, help="prefetcher counts to sweep (default 2,4,8,12,16)")
     p.add_argument("--readers", type=_ints, help="reader counts to sweep (default 2,4,8)")
     p.add_argument("--no-chainer", action="store_true", help="leave Chainer's MultiprocessIterator out")
+    p.add_argument("--format", choices=("npy", "jpeg"), default="npy",
+                   help="the workload: npy (uint8 arrays, default) or jpeg (256x256 JPEGs of about 115 KB, "
+                        "decoded to float32 channel-first by every method)")
     p.add_argument("--local-dir", help="node-local storage for every method's copies (default: /dev/shm where "
                                        "it exists; see docs/benchmarks.md)")
     p.add_argument("--engine", choices=ENGINES, help="the emulator's engine (default auto: C where it builds)")

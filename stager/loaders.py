@@ -1,7 +1,8 @@
 """Stage 3 decoders: turn one staged file into one sample.
 
-Chosen by name from a small registry; ``module:function`` names a user
-callable that takes the file's path and returns the sample.
+Chosen by name from a small registry (``image`` lives in ``images.py``);
+``module:function`` names a user callable that takes the file's path and
+returns the sample.
 """
 
 import ast
@@ -82,7 +83,14 @@ def load_hdf5(path, options):
         return fh[options["hdf5_key"]][()]
 
 
-LOADERS = {"raw": load_raw, "npy": load_npy, "hdf5": load_hdf5}
+def load_image(path, options):
+    """Returns a JPEG or PNG image as uint8 HWC or float32 CHW (``options['layout']``, ``images.py``)."""
+    from .images import load_image as load  # deferred: PIL and simplejpeg only for image datasets
+
+    return load(path, options)
+
+
+LOADERS = {"raw": load_raw, "npy": load_npy, "hdf5": load_hdf5, "image": load_image}
 
 
 def check_loader_name(name):

@@ -17,9 +17,9 @@ in any stage, at the end of the plan, on leaving a ``with`` block, and when
 an abandoned pipeline is collected):
   1. stop the coordinator (halt event plus a wake-up) and join it;
   2. tell the staging service goodbye (and, on an error, why);
-  3. set the readers' stop event and send one ``None`` sentinel per reader;
-     join each until ``processes.shutdown_timeout_s``, draining replies so no
-     reader blocks on a full pipe; then terminate, then kill;
+  3. set the readers' stop event, send one ``None`` sentinel per reader and
+     close their reply pipes (a reader drops the minibatch it holds); join
+     each until ``processes.shutdown_timeout_s``, then terminate, then kill;
   4. on the node leader: wait (up to ``processes.peer_wait_s``, not at all
      on an error) for the node's other ranks to leave the service, stop the
      prefetchers the same way, and remove the job directory unless
@@ -46,7 +46,7 @@ from .peers import node_peers
 from .service import StagingService
 from .sources import open_source
 from .stats import Stats
-from .wire import recv as wire_recv
+from .wire import Ring
 from .workerpool import Wake, WorkerPool, children_skip_mpi
 from .workers import reader_main
 from .world import agree, detect, split_leaders
@@ -152,9 +152,12 @@ class Pipeline:
                 self.local_dir = self._jobdir.path
                 read_root = self._connect_service(ctx, source, spec, self._join_peers())
                 ch.send(Hello(world.rank, spec))
+            rings = [Ring() for _ in range(self._reader.workers)]
             ch.readers = WorkerPool(ctx, "read", "stager-read", self._reader.workers, reader_main,
-                                    (read_root, self._loader, {"hdf5_key": self._dataset.hdf5_key}),
-                                    recv=wire_recv)
+                                    (read_root, self._loader,
+                                     {"hdf5_key": self._dataset.hdf5_key, "layout": self._dataset.layout}, rings),
+                                    keep_fds=[fd for r in rings for fd in r.fds],
+                                    recv=lambda i, conn: rings[i].recv(conn), owned=rings)
         read_ahead = self._reader.ahead or 2 * self._reader.workers
         coordinator = Coordinator(ch, minibatches, self.catalog, self.stats.telemetry, self._ahead(), read_ahead)
         self._coordinator = threading.Thread(target=coordinator.run, name="stager-coordinator", daemon=True)

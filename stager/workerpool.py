@@ -83,7 +83,12 @@ def _entry(target, index, writers, tasks, stop, parent, start_method, inherited,
     # Ctrl-C reaches the whole process group; the parent alone decides how to
     # shut down, so a worker must not die mid-copy with a KeyboardInterrupt.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    target(index, parent, tasks, mine, stop, *args)
+    try:
+        target(index, parent, tasks, mine, stop, *args)
+    except (BrokenPipeError, EOFError):
+        if not stop.is_set():
+            raise
+        # Told to stop while replying: the owner closed its end, the reply is moot.
 
 
 class WorkerPool:
@@ -99,13 +104,17 @@ class WorkerPool:
         args: Extra arguments for ``target``.
         keep_fds: Inherited descriptors forked workers keep open (a janitor's
             pipe, so that it waits for them too).
-        recv: How a reply is read from a worker's pipe (``Connection.recv``,
-            or ``wire.recv`` for replies framed by ``wire``).
+        recv: How a reply is read: ``recv(index, conn)`` for worker
+            ``index``'s pipe (default ``conn.recv()``; readers use their
+            ``wire.Ring``).
+        owned: Objects the pool closes once its workers are gone (the
+            readers' rings).
     """
 
-    def __init__(self, ctx, stage, name, count, target, args, keep_fds=(), recv=None):
+    def __init__(self, ctx, stage, name, count, target, args, keep_fds=(), recv=None, owned=()):
         self.stage = stage
-        self._recv = recv or (lambda conn: conn.recv())
+        self._owned = list(owned)
+        self._recv = recv or (lambda index, conn: conn.recv())
         self.tasks = ctx.Queue()
         self.stop_event = ctx.Event()
         pipes = [ctx.Pipe(duplex=False) for _ in range(count)]
@@ -123,7 +132,7 @@ class WorkerPool:
         finally:
             for writer in writers:
                 writer.close()  # the parent keeps only the read ends
-        self.by_conn = dict(zip(self.conns, self.procs))
+        self.by_conn = {conn: (i, proc) for i, (conn, proc) in enumerate(zip(self.conns, self.procs))}
 
     def receive(self, conn):
         """The next reply on ``conn``, or the ``Failure`` of a worker that died without one.
@@ -132,26 +141,34 @@ class WorkerPool:
         alone holds the write end), so EOF here is a death, never a lost
         message; the caller stops waiting on ``conn``.
         """
+        index, proc = self.by_conn[conn]
         try:
-            return self._recv(conn)
+            return self._recv(index, conn)
         except (EOFError, OSError):
-            proc = self.by_conn[conn]
             proc.join(1.0)
             return worker_died(self.stage, proc)
 
     def stop(self, timeout_s):
-        """Stops the workers: event, one ``None`` sentinel each, join while
-        draining their pipes, then terminate, then kill. Safe to call twice."""
+        """Stops the workers: event, one ``None`` sentinel each, close the
+        reply pipes, join, then terminate, then kill. Safe to call twice.
+
+        Workers drop what they hold: they check the event between files (and
+        readers between the arrays they copy out), and closing the read ends
+        turns a reply half written into a full pipe into ``BrokenPipeError``
+        at once (which ``_entry`` takes as the end), so nothing is drained and a
+        normal stop takes about one file's decoding, not the time to read
+        every worker's minibatch.
+        """
         if not self.procs:
             return
         self.stop_event.set()
         for _ in self.procs:
             self.tasks.put(None)
+        for conn in self.conns:
+            conn.close()
         deadline = time.monotonic() + timeout_s
-        for proc, conn in zip(self.procs, self.conns):
-            while proc.is_alive() and time.monotonic() < deadline:
-                _drain(conn)
-                proc.join(0.05)
+        for proc in self.procs:
+            proc.join(max(0.0, deadline - time.monotonic()))
         for proc in self.procs:
             if proc.is_alive():
                 log.warning("stager: %s (pid %s) did not stop in time; terminating", proc.name, proc.pid)
@@ -163,22 +180,11 @@ class WorkerPool:
             if proc.is_alive():
                 log.error("stager: %s (pid %s) survives SIGKILL (stuck in the kernel, e.g. on a hung "
                           "file system); leaving it", proc.name, proc.pid)
-        for conn in self.conns:
-            conn.close()
+        for thing in self._owned:
+            thing.close()
         self.tasks.cancel_join_thread()  # nobody will read what is left
         self.tasks.close()
         self.procs = []
-
-
-def _drain(conn):
-    # Raw bytes, not messages: a reply may be framed by ``wire``, and a
-    # worker blocked on a full pipe only needs room to finish and exit.
-    try:
-        while not conn.closed and conn.poll():
-            if not os.read(conn.fileno(), 1 << 20):
-                return
-    except OSError:
-        pass
 
 
 class Wake:

@@ -3,10 +3,11 @@
 Both loop on their pool's task queue until they receive the ``None``
 sentinel, the stop event is set, or their parent dies (checked each time the
 queue is idle for ``POLL_S``; a re-parented worker exits by itself, as
-PyTorch's workers do). They reply on their own pipe (``workerpool.py``). An
-exception is reported with its stage, epoch, minibatch and file, and the
-worker then waits to be stopped rather than exiting, so the report cannot be
-lost.
+PyTorch's workers do). Told to stop, a worker drops the task it holds at the
+next file instead of finishing and replying: nobody will read the reply.
+They reply on their own pipe (``workerpool.py``). An exception is reported
+with its stage, epoch, minibatch and file, and the worker then waits to be
+stopped rather than exiting, so the report cannot be lost.
 """
 
 import errno
@@ -66,6 +67,8 @@ def prefetcher_main(worker, parent_pid, tasks, reply, stop, source, dst_root):
         try:
             futures = [pool.submit(_fetch, source, dst_root, *file) for file in task.files] if pool else None
             for n, file in enumerate(task.files):
+                if stop.is_set():
+                    return
                 rel = file[1]
                 done.append(futures[n].result() if futures else _fetch(source, dst_root, *file))
         except Exception as exc:  # reported with its context, then we wait to be stopped
@@ -81,24 +84,26 @@ def prefetcher_main(worker, parent_pid, tasks, reply, stop, source, dst_root):
         pool.shutdown(wait=False, cancel_futures=True)
 
 
-def reader_main(worker, parent_pid, tasks, reply, stop, root, loader, loader_options):
+def reader_main(worker, parent_pid, tasks, reply, stop, root, loader, loader_options, rings):
     """Decodes each ``ReadTask``'s files and replies ``Decoded`` (through ``wire``).
 
     A sample is the loader's output, or ``(output, label)`` for labelled
-    data. Replies go through ``wire`` so that arrays cross the pipe without
-    extra copies.
+    data. Replies go through the reader's ``wire.Ring``, so arrays reach the
+    rank through shared memory whatever their layout.
 
     Args:
         root: Where the task's relative paths are read from: the job's
             node-local directory, or the source's root when reading directly,
             or, for a source whose items are not files, the source itself
             (its ``open_direct`` fetches each item for the time of the read).
+        rings: One ``wire.Ring`` per reader; this one uses ``rings[worker]``.
     """
+    ring = rings[worker]
     wire.widen(reply)
     try:
         load = make_loader(loader, loader_options)
     except Exception as exc:
-        wire.send(reply, Failure.from_exception("read", worker, exc))
+        ring.send(reply, Failure.from_exception("read", worker, exc))
         load = None
     for task in _tasks(tasks, stop, parent_pid):
         if load is None:
@@ -108,6 +113,8 @@ def reader_main(worker, parent_pid, tasks, reply, stop, root, loader, loader_opt
         rel = None
         try:
             for rel, label in task.files:
+                if stop.is_set():
+                    return
                 if isinstance(root, str):
                     sample = load(os.path.join(root, rel))
                 else:
@@ -115,7 +122,7 @@ def reader_main(worker, parent_pid, tasks, reply, stop, root, loader, loader_opt
                         sample = load(path)
                 samples.append(sample if label is None else (sample, label))
         except Exception as exc:
-            wire.send(reply, Failure.from_exception("read", worker, exc, task.epoch, task.step, rel))
+            ring.send(reply, Failure.from_exception("read", worker, exc, task.epoch, task.step, rel))
             load = None
             continue
-        wire.send(reply, Decoded(task.seq, worker, samples, time.perf_counter() - start))
+        ring.send(reply, Decoded(task.seq, worker, samples, time.perf_counter() - start), stop)

@@ -38,3 +38,25 @@ def test_quick_bench_measures_every_method_and_writes_its_outputs(tmp_path):
     text = doc.read_text()
     assert text.startswith("# Benchmarks\n\nKept text.\n") and "| stager | 4 | 2 |" in text
     assert os.listdir(work) == [], "the benchmark must remove its data and mounts"
+
+
+def test_quick_jpeg_bench_reports_cpu_per_process_kind_beside_the_npy_block(tmp_path):
+    doc = tmp_path / "benchmarks.md"
+    doc.write_text("# Benchmarks\n\n<!-- stager bench: start -->\nnpy tables\n<!-- stager bench: end -->\n")
+    work = tmp_path / "tmp"
+    work.mkdir()
+    proc = subprocess.run(stager_cmd("bench", "--quick", "--format", "jpeg", "--no-chainer", "--json",
+                                     str(tmp_path / "b.json"), "--markdown", str(doc)),
+                          capture_output=True, text=True, timeout=600, env=dict(os.environ, TMPDIR=str(work)))
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads((tmp_path / "b.json").read_text())
+    assert result["settings"]["format"] == "jpeg"
+    for r in result["throughput"] + result["training"]:
+        assert set(r["cpu_s"]) == {"rank", "readers", "prefetchers", "emulator"}
+        # Decoding JPEGs is work some process did: the readers (or the direct loader's workers).
+        assert r["cpu_s"]["readers"] > 0, r
+        assert r["method"] == "stager" or r["cpu_s"]["prefetchers"] == 0, r
+    text = doc.read_text()
+    assert "npy tables" in text, "the npy block must stay"
+    assert "<!-- stager bench jpeg: start -->" in text and "image` loader" in text
+    assert os.listdir(work) == []

@@ -2,9 +2,12 @@
 
 Every method reads the same samples in the same order (the plan's epoch
 permutations) and, in the training scenario, sleeps the same simulated
-compute per minibatch. The direct loaders decode with ``numpy.load``, as
-their users would; stager's pipeline (stager, stage-all-first's reading,
-ideal) with its ``npy`` loader, which returns the same arrays. Times include
+compute per minibatch. On ``.npy`` files the direct loaders decode with
+``numpy.load``, as their users would; stager's pipeline (stager,
+stage-all-first's reading, ideal) with its ``npy`` loader, which returns the
+same arrays. On JPEGs every method decodes with the ``image`` loader to
+float32 channel-first arrays (``Workload.layout``), as Chainer's
+``LabeledImageDataset`` and most PyTorch transforms do. Times include
 starting the method's processes.
 """
 
@@ -16,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from ..config import config_from_dict
+from ..images import load_image
 from ..sources import PosixSource
 from ..pipeline import Pipeline
 from .. import plan as planlib
@@ -74,6 +78,8 @@ class Workload:
         epochs: Epochs to read.
         compute_s: Simulated compute per minibatch.
         seed: Permutation seed.
+        loader: ``npy`` or ``image`` (JPEGs).
+        layout: The ``image`` loader's layout (``dataset.layout``).
     """
 
     catalog: object
@@ -83,12 +89,20 @@ class Workload:
     epochs: int
     compute_s: float
     seed: int = 0
+    loader: str = "npy"
+    layout: str = "chw"
+
+    def decode(self, path):
+        """One sample as the direct loaders decode it."""
+        if self.loader == "npy":
+            return np.load(path)
+        return load_image(path, {"layout": self.layout})
 
     def orders(self):
         return [planlib.permutation(len(self.catalog), self.seed, e) for e in range(self.epochs)]
 
     def config(self, **sections):
-        base = {"dataset": {"source": self.source, "loader": "npy"},
+        base = {"dataset": {"source": self.source, "loader": self.loader, "layout": self.layout},
                 "plan": {"batch_size": self.batch_size, "epochs": self.epochs, "seed": self.seed},
                 "staging": {"local_dir": self.local}}
         for name, values in sections.items():
@@ -121,30 +135,31 @@ def _loop(batches, compute_s, started=None):
     return time.perf_counter() - (started or begin), stall, samples, first or 0.0
 
 
-class _NpyDataset:
-    """A map-style dataset reading one ``.npy`` file per sample from ``root``."""
+class _FileDataset:
+    """A map-style dataset reading one file per sample from the workload's source."""
 
-    def __init__(self, root, catalog):
-        self.root = root
-        self.paths = catalog.paths()
-        self.labels = catalog.labels
+    def __init__(self, w):
+        self.decode = w.decode
+        self.root = w.source
+        self.paths = w.catalog.paths()
+        self.labels = w.catalog.labels
 
     def __len__(self):
         return len(self.paths)
 
     def __getitem__(self, i):
-        return np.load(os.path.join(self.root, self.paths[i])), int(self.labels[i])
+        return self.decode(os.path.join(self.root, self.paths[i])), int(self.labels[i])
 
 
 def direct_torch(w, readers):
     """PyTorch DataLoader with ``readers`` workers reading the source directly."""
     import torch.utils.data as tud
 
-    class Files(_NpyDataset, tud.Dataset):
+    class Files(_FileDataset, tud.Dataset):
         pass
 
     order = np.concatenate(w.orders()).tolist()
-    loader = tud.DataLoader(Files(w.source, w.catalog), batch_size=w.batch_size, sampler=order,
+    loader = tud.DataLoader(Files(w), batch_size=w.batch_size, sampler=order,
                             num_workers=readers, collate_fn=lambda b: b)
     wall, stall, samples, first = _loop(loader, w.compute_s)
     return Result("direct-torch", 0, readers, wall, stall, samples, first_s=first)
@@ -162,7 +177,7 @@ def direct_chainer(w, readers):
         epoch, calls[0] = calls[0], calls[0] + 1
         return planlib.permutation(len(w.catalog), w.seed, epoch)
 
-    dataset = _NpyDataset(w.source, w.catalog)
+    dataset = _FileDataset(w)
     started = time.perf_counter()
     it = chainer.iterators.MultiprocessIterator(dataset, w.batch_size, repeat=True, order_sampler=sampler,
                                                 n_processes=readers)

@@ -6,6 +6,20 @@ MARK_START = "<!-- stager bench: start -->"
 MARK_END = "<!-- stager bench: end -->"
 
 
+def marks(fmt):
+    """The markers around a workload's block in docs/benchmarks.md (npy keeps the original ones)."""
+    if fmt == "npy":
+        return MARK_START, MARK_END
+    return f"<!-- stager bench {fmt}: start -->", f"<!-- stager bench {fmt}: end -->"
+
+
+def _cpu(row):
+    cpu = row.get("cpu_s")
+    if not cpu:
+        return "-"
+    return " / ".join(f"{cpu[kind]:.1f}" for kind in ("rank", "readers", "prefetchers", "emulator"))
+
+
 def _plt():
     import matplotlib
 
@@ -97,19 +111,24 @@ def speedups(result):
 def markdown(result, command, plots):
     """The tables, the plots and the command, for docs/benchmarks.md."""
     s = result["settings"]
-    lines = [MARK_START, "", f"Command: `{command}`", "",
+    fmt = s.get("format", "npy")
+    start, end = marks(fmt)
+    decode = ("the direct loaders decode with `numpy.load`, stager's pipeline with its `npy` loader (the same "
+              "arrays)" if fmt == "npy" else "every method decodes with the `image` loader to float32 "
+              "channel-first arrays (Chainer's layout)")
+    lines = [start, "", f"Command: `{command}`", "",
              f"{result['files']} files of {s['bytes']:,} bytes ({result['bytes'] / 1e6:.0f} MB) behind the FUSE "
              f"emulator at {s['open_ms']:g} ms per open and "
              f"{'unlimited bandwidth' if not s['mbps'] else str(s['mbps']) + ' MB/s shared'}; minibatches of "
              f"{s['batch_size']}; the emulator's {result.get('engine', '?')} engine; node-local storage on "
-             f"{result.get('local_fs', '?')}. Every method reads the same order; the direct loaders decode "
-             f"with `numpy.load`, stager's pipeline with its `npy` loader (the same arrays).", "",
+             f"{result.get('local_fs', '?')}. Every method reads the same order; {decode}. CPU s: the CPU "
+             f"seconds of this process (rank) / reader or worker processes / prefetchers / the emulator.", "",
              "### Throughput: one epoch as fast as possible", "",
-             "| method | prefetchers | readers | wall s | samples/s | bound s | efficiency |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+             "| method | prefetchers | readers | wall s | samples/s | bound s | efficiency | CPU s |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in result["throughput"]:
         lines.append(f"| {r['method']} | {r['prefetchers'] or '-'} | {r['readers']} | {r['wall_s']:.2f} | "
-                     f"{r['samples_per_s']:.0f} | {r['bound_s']:.2f} | {r['efficiency']:.2f} |")
+                     f"{r['samples_per_s']:.0f} | {r['bound_s']:.2f} | {r['efficiency']:.2f} | {_cpu(r)} |")
     lines += ["", "Speed-ups of stager at the training scenario's prefetcher count (same readers):", "",
               "| readers | prefetchers | stager s | efficiency | vs direct Chainer | vs direct PyTorch | "
               "vs stage-all-first | ideal / stager |",
@@ -121,10 +140,11 @@ def markdown(result, command, plots):
     lines += ["", f"### Training: 2 epochs, {s['compute_ms']:g} ms of simulated compute per step, "
               f"{s['train_prefetchers']} prefetchers, {s['train_readers']} readers", "",
               "| method | total s | stall s | stall fraction | first minibatch s | stall after it | "
-              "staging up front s |", "|---|---:|---:|---:|---:|---:|---:|"]
+              "staging up front s | CPU s |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in result["training"]:
         lines.append(f"| {r['method']} | {r['wall_s']:.2f} | {r['stall_s']:.2f} | {r['stall_fraction']:.1%} | "
-                     f"{r['first_s']:.2f} | {r['stall_after_first_fraction']:.1%} | {r['stage_s']:.2f} |")
+                     f"{r['first_s']:.2f} | {r['stall_after_first_fraction']:.1%} | {r['stage_s']:.2f} | "
+                     f"{_cpu(r)} |")
     lines += ["", "The first minibatch's wait is start-up (forking the workers) plus the first reads, or "
                   "the whole copy for stage-all-first; the stall after it is what overlapping hides."]
     copy = result.get("local_copy")
@@ -136,18 +156,20 @@ def markdown(result, command, plots):
                       f"{copy['best_ratio_to_cp_r']:.2f}), and its whole pipeline delivered "
                       f"{copy.get(f'pipeline_{p}_prefetchers_files_per_s', 0):,.0f} files/s to the last "
                       f"minibatch."]
-    lines += [""] + [f"![{name}]({os.path.basename(path)})" for name, path in plots] + ["", MARK_END]
+    lines += [""] + [f"![{name}]({os.path.basename(path)})" for name, path in plots] + ["", end]
     return "\n".join(lines)
 
 
-def update_doc(path, block):
-    """Replaces the bench block in ``path`` (appends it when absent)."""
+def update_doc(path, block, fmt="npy"):
+    """Replaces the ``fmt`` workload's bench block in ``path`` (appends it when absent)."""
+    start, end = marks(fmt)
     text = open(path, encoding="utf-8").read() if os.path.exists(path) else "# Benchmarks\n"
-    if MARK_START in text and MARK_END in text:
-        head, rest = text.split(MARK_START, 1)
-        tail = rest.split(MARK_END, 1)[1]
+    if start in text and end in text:
+        head, rest = text.split(start, 1)
+        tail = rest.split(end, 1)[1]
         text = head + block + tail
     else:
-        text = text.rstrip("\n") + "\n\n## stager bench\n\n" + block + "\n"
+        title = "stager bench" if fmt == "npy" else f"stager bench --format {fmt}"
+        text = text.rstrip("\n") + f"\n\n## {title}\n\n" + block + "\n"
     with open(path, "w", encoding="utf-8") as fh:
         fh.write(text)

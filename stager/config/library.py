@@ -34,6 +34,9 @@ class DatasetConfig:
             a tab). Relative to ``source`` unless absolute. None: scan the tree.
         loader: ``raw``, ``npy``, ``hdf5`` or ``module:function`` taking a path.
         hdf5_key: Dataset name inside each ``.h5`` file for the hdf5 loader.
+        layout: What the ``image`` loader returns: ``hwc`` (uint8, height x
+            width x channels, as decoded) or ``chw`` (float32, channels
+            first, Chainer's ``LabeledImageDataset`` layout).
         extensions: When scanning, keep only files with these suffixes.
         catalog: A catalog file made by ``stager catalog build``, used
             instead of listing the source. None: rank 0 lists the source
@@ -58,6 +61,7 @@ class DatasetConfig:
     manifest: Optional[str] = None
     loader: str = "npy"
     hdf5_key: str = "data"
+    layout: str = "hwc"
     extensions: List[str] = field(default_factory=list)
     catalog: Optional[str] = path_field(None)
     broadcast_max: int = 1_000_000
@@ -76,6 +80,7 @@ class DatasetConfig:
         require(self.requests_in_flight >= 1, "dataset.requests_in_flight must be at least 1")
         require(self.retries >= 0, "dataset.retries must be 0 or more")
         require(self.request_timeout_s > 0, "dataset.request_timeout_s must be positive")
+        require(self.layout in ("hwc", "chw"), f"dataset.layout must be 'hwc' or 'chw', not {self.layout!r}")
 
 
 
