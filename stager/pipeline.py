@@ -12,22 +12,9 @@ world, agree on the catalog (rank 0 lists the source) and the job id; the
 node leader creates the job directory and the service and tells the node's
 other ranks where it listens; every rank starts its readers and coordinator.
 
-Shutdown protocol (``close()``, idempotent and thread-safe; also on an error
-in any stage, at the end of the plan, on leaving a ``with`` block, and when
-an abandoned pipeline is collected):
-  1. stop the coordinator (halt event plus a wake-up) and join it;
-  2. tell the staging service goodbye (and, on an error, why);
-  3. set the readers' stop event, send one ``None`` sentinel per reader and
-     close their reply pipes (a reader drops the minibatch it holds); join
-     each until ``processes.shutdown_timeout_s``, then terminate, then kill;
-  4. on the node leader: wait (up to ``processes.peer_wait_s``, not at all
-     on an error) for the node's other ranks to leave the service, stop the
-     prefetchers the same way, and remove the job directory unless
-     ``staging.keep`` is set.
-Workers also exit on their own when their parent dies (they poll getppid).
+The shutdown protocol is written in ``shutdown.py``.
 """
 
-import contextlib
 import multiprocessing
 import multiprocessing.connection as mpc
 import threading
@@ -41,9 +28,10 @@ from .catalog_file import agreed_catalog
 from .coordinator import END, Batch, Channels, Coordinator
 from .errors import ConfigError, StageError
 from .jobdir import JobDir, agreed_job_id
-from .messages import Bye, Consumed, Fail, Hello
+from .messages import Consumed, Hello
 from .peers import node_peers
 from .service import StagingService
+from .shutdown import close_abandoned, halt, stop
 from .sources import open_source
 from .stats import Stats
 from .wire import Ring
@@ -107,7 +95,7 @@ class Pipeline:
         self._closed = False
         # An abandoned pipeline is closed by the collector: the finaliser holds
         # what closing needs, never the pipeline itself.
-        self._finalizer = weakref.finalize(self, _close_abandoned, self._ch, self._jobdirs)
+        self._finalizer = weakref.finalize(self, close_abandoned, self._ch, self._jobdirs)
 
     @property
     def closed(self):
@@ -244,7 +232,7 @@ class Pipeline:
             self._ch.wake.close()
             return
         timeout = self._processes.shutdown_timeout_s
-        _halt(self._ch)
+        halt(self._ch)
         if self._coordinator is not None:
             self._coordinator.join(timeout=timeout)
         reason = None
@@ -252,7 +240,7 @@ class Pipeline:
             # The node's other ranks learn why their staging stops.
             text = error.message if isinstance(error, StageError) else str(error)
             reason = f"rank {self.world.rank} failed: {type(error).__name__}: {text}"
-        _stop(self._ch, timeout, self._processes.peer_wait_s if wait_for_peers else 0, reason)
+        stop(self._ch, timeout, self._processes.peer_wait_s if wait_for_peers else 0, reason)
         if self._jobdir is not None:
             self._jobdir.remove()  # only the node leader made it; elsewhere a no-op
 
@@ -288,40 +276,3 @@ class Pipeline:
         batch.times.stall = stall
         self.stats.telemetry.record(tm.CONSUMED, seq, len(batch.samples), stall)
         return batch
-
-
-def _halt(ch):
-    ch.halt.set()
-    ch.out.put(END)  # wakes a consumer blocked in next() on another thread
-    ch.wake.notify(None)
-
-
-def _stop(ch, timeout, peer_wait_s, reason=None):
-    """Steps 2-4 of the shutdown protocol (the coordinator is already halted)."""
-    if ch.client is not None:
-        # A coordinator stuck in a send would hold the lock: then skip the goodbye.
-        if ch.client_lock.acquire(timeout=timeout):
-            try:
-                with contextlib.suppress(OSError, EOFError, ValueError):
-                    if reason is not None:
-                        ch.client.send(Fail(reason))
-                    ch.client.send(Bye())
-                ch.client.close()
-            finally:
-                ch.client_lock.release()
-    if ch.readers is not None:
-        ch.readers.stop(timeout)
-    if ch.service is not None:
-        ch.service.close(peer_wait_s)
-    ch.wake.close()
-
-
-def _close_abandoned(ch, jobdirs):
-    # Runs when an unclosed pipeline is collected, or at interpreter exit:
-    # stop without waiting for peers, and quietly (the interpreter may be
-    # half torn down); the janitor removes a directory this cannot.
-    with contextlib.suppress(Exception):
-        _halt(ch)
-        _stop(ch, 1.0, 0)
-        for jobdir in jobdirs:
-            jobdir.remove()

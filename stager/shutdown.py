@@ -1,0 +1,60 @@
+"""The shutdown protocol of a rank's pipeline, step by step.
+
+Shutdown protocol (``close()``, idempotent and thread-safe; also on an error
+in any stage, at the end of the plan, on leaving a ``with`` block, and when
+an abandoned pipeline is collected):
+  1. stop the coordinator (halt event plus a wake-up) and join it;
+  2. tell the staging service goodbye (and, on an error, why);
+  3. set the readers' stop event, send one ``None`` sentinel per reader and
+     close their reply pipes (a reader drops the minibatch it holds); join
+     each until ``processes.shutdown_timeout_s``, then terminate, then kill;
+  4. on the node leader: wait (up to ``processes.peer_wait_s``, not at all
+     on an error) for the node's other ranks to leave the service, stop the
+     prefetchers the same way, and remove the job directory unless
+     ``staging.keep`` is set.
+Workers also exit on their own when their parent dies (they poll getppid).
+"""
+
+import contextlib
+
+from .coordinator import END
+from .messages import Bye, Fail
+
+
+def halt(ch):
+    """Step 1: the coordinator and a consumer blocked in ``next()`` stop waiting."""
+    ch.halt.set()
+    ch.out.put(END)  # wakes a consumer blocked in next() on another thread
+    ch.wake.notify(None)
+
+
+def stop(ch, timeout, peer_wait_s, reason=None):
+    """Steps 2-4 of the shutdown protocol (the coordinator is already halted)."""
+    if ch.client is not None:
+        # A coordinator stuck in a send would hold the lock: then skip the goodbye.
+        if ch.client_lock.acquire(timeout=timeout):
+            try:
+                with contextlib.suppress(OSError, EOFError, ValueError):
+                    if reason is not None:
+                        ch.client.send(Fail(reason))
+                    ch.client.send(Bye())
+                ch.client.close()
+            finally:
+                ch.client_lock.release()
+    if ch.readers is not None:
+        ch.readers.stop(timeout)
+    if ch.service is not None:
+        ch.service.close(peer_wait_s)
+    ch.wake.close()
+
+
+def close_abandoned(ch, jobdirs):
+    """The whole protocol for a pipeline nobody closed."""
+    # Runs when an unclosed pipeline is collected, or at interpreter exit:
+    # stop without waiting for peers, and quietly (the interpreter may be
+    # half torn down); the janitor removes a directory this cannot.
+    with contextlib.suppress(Exception):
+        halt(ch)
+        stop(ch, 1.0, 0)
+        for jobdir in jobdirs:
+            jobdir.remove()
