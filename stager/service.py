@@ -35,6 +35,19 @@ from .workers import prefetcher_main
 log = logging.getLogger(__name__)
 
 
+_SUN_PATH_MAX = 107  # bytes of a Unix socket's path that Linux keeps (sockaddr_un.sun_path, less the NUL)
+
+
+def _socket_address(local_dir):
+    """Where the service listens: a socket in the 0700 job directory, or, when
+    that path is too long for a Unix socket, a name in Linux's abstract
+    namespace (no file; anyone on the host may knock, only the key opens)."""
+    path = os.path.join(local_dir, ".service.sock")
+    if len(os.fsencode(path)) <= _SUN_PATH_MAX:
+        return path
+    return "\0stager-service-" + secrets.token_hex(12)
+
+
 class StagingService:
     """Stages files for the node's ranks (runs on the node leader only).
 
@@ -67,7 +80,7 @@ class StagingService:
         self.on_staged = on_staged
         self.keep_fds = keep_fds
         self.peers = peers
-        self.address = os.path.join(local_dir, ".service.sock") if remote_clients else None
+        self.address = _socket_address(local_dir) if remote_clients else None
         self.authkey = secrets.token_bytes(32)
         self.pool = None
         self.wake = Wake()
@@ -89,7 +102,8 @@ class StagingService:
             self.peers.start()
         if self.remote_clients:
             try:
-                os.unlink(self.address)  # left by a crashed run in a kept directory (ours, 0700)
+                if not self.address.startswith("\0"):
+                    os.unlink(self.address)  # left by a crashed run in a kept directory (ours, 0700)
             except FileNotFoundError:
                 pass
             self._listener = mpc.Listener(self.address, family="AF_UNIX", backlog=self.remote_clients,

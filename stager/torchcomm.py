@@ -14,6 +14,7 @@ variables (``env://``, gloo); a script that wants NCCL initialises its own
 group before stager starts.
 """
 
+import atexit
 import os
 import sys
 
@@ -78,6 +79,9 @@ class TorchComm:
                                   f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not set "
                                   "(start the job with torchrun, or call torch.distributed.init_process_group)")
             dist.init_process_group("gloo")
+            # stager made the group, so stager ends it, before the interpreter
+            # tears torch down (gloo's threads can abort a process at exit).
+            atexit.register(_destroy_default_group)
         return cls(dist.new_group(backend="gloo"))
 
     def Get_rank(self):
@@ -161,3 +165,10 @@ class TorchComm:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+
+
+def _destroy_default_group():
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -227,3 +227,22 @@ def test_a_bounded_cache_over_four_epochs_delivers_every_sample_and_stays_under_
         assert len(table) == 4 and all(e["peak_bytes"] <= capacity for e in table)
         assert sum(e["misses"] for e in table[1:]) < 3 * share, "later epochs must reuse some staged files"
     assert os.listdir(size_limited_local) == []
+
+
+def test_a_local_directory_too_deep_for_a_unix_socket_path_still_serves_the_node(world, shared_dir):
+    # A node's ranks reach its service through a Unix socket; sun_path holds
+    # 107 bytes, and cluster scratch paths can be longer than that.
+    deep = os.path.join(shared_dir, "scratch-of-a-rather-long-project-name", "x" * 90)
+    cfg = config_from_dict({
+        "dataset": {"source": os.path.join(shared_dir, "data"), "manifest": "manifest.tsv", "loader": "raw"},
+        "plan": {"batch_size": 6, "seed": 2},
+        "staging": {"local_dir": deep, "prefetchers": 2},
+        "reader": {"workers": 1},
+    })
+    with Pipeline(cfg, world=world) as pipe:
+        mine = [b.indices.tolist() for b in pipe]
+        catalog = pipe.catalog
+        assert len(os.fsencode(pipe.local_dir)) > 107
+    everyone = world.comm.allgather(mine)
+    world.comm.Barrier()
+    assert sorted(i for seq in everyone for idx in seq for i in idx) == list(range(len(catalog)))
