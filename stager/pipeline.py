@@ -68,7 +68,7 @@ class Pipeline:
             node leader for each file copied.
         world: A ``World``; default: ``world.detect`` from ``config.world`` in ``start()``.
         plan: What this rank reads: a description with ``minibatches(rank)``
-            (``plan.PlanSpec``, ``plan.StreamSpec``), which the node's service
+            (``plan.PlanSpec``), which the node's service
             can evaluate too, or an iterable of ``plan.Minibatch`` (front ends
             whose order only they know); default: ``config.plan`` from ``start``.
     """

@@ -1,7 +1,6 @@
 """Each file's next use by the node's ranks, evaluated from their plan descriptions.
 
-Every rank's ``Hello`` carries what it will read (``plan.PlanSpec`` or
-``StreamSpec``); evaluating it gives, per epoch, the sequence number at which
+Every rank's ``Hello`` carries what it will read (``plan.PlanSpec``); evaluating it gives, per epoch, the sequence number at which
 the rank reads each of its files. Only a horizon of the future is held: a
 few epochs per rank, sorted index arrays (12 bytes an entry), extended as the
 rank advances. Where the horizon reaches the end of every rank's plan,

@@ -16,8 +16,7 @@ def first_epoch_owners(spec, samples, size, owner_of_rank):
     """The owner of every file: ``owner_of_rank`` of the first rank to read it in the plan's first epoch.
 
     Args:
-        spec: A plan description with ``minibatches(rank)`` (``PlanSpec``,
-            ``StreamSpec``), or None (an order only a front end knows).
+        spec: A plan description with ``minibatches(rank)`` (``PlanSpec``), or None (an order only a front end knows).
         samples: Catalog size.
         size: Number of ranks.
         owner_of_rank: Per rank, its node leader's rank among the leaders.

@@ -2,8 +2,7 @@
 
 from dataclasses import dataclass
 
-from .batching import iterate, stream
-from .order import epoch_order
+from .batching import iterate
 from .resume import Position
 from .shuffles import DEFAULT
 
@@ -48,39 +47,3 @@ class PlanSpec:
     def minibatches(self, rank):
         """Rank ``rank``'s minibatches (see ``iterate``)."""
         return iterate(self.samples, self, self.start.epoch, self.start.consumed, rank, self.size)
-
-
-@dataclass(frozen=True)
-class StreamSpec:
-    """Chainer's batching (``stream``) of the shuffled or catalog order, as a description.
-
-    Attributes:
-        samples: Catalog size.
-        batch_size: Samples per minibatch on one rank.
-        seed: Run seed.
-        shuffle: Permute each epoch.
-        remainder: ``pad`` or ``drop``.
-        size: Number of ranks.
-        start: Samples of the stream consumed by all ranks together.
-        repeat: Read epochs without end; False stops after epoch 0.
-        shuffle_algorithm: Name in ``shuffles.SHUFFLES``.
-    """
-
-    samples: int
-    batch_size: int
-    seed: int
-    shuffle: bool
-    remainder: str
-    size: int
-    start: int = 0
-    repeat: bool = True
-    shuffle_algorithm: str = DEFAULT
-
-    def order(self, epoch):
-        """Epoch ``epoch``'s global order."""
-        return epoch_order(self.samples, self.seed, epoch, self.shuffle, self.size, self.remainder,
-                           algorithm=self.shuffle_algorithm)
-
-    def minibatches(self, rank):
-        """Rank ``rank``'s minibatches (see ``stream``)."""
-        return stream(self.order, self.batch_size, self.start, rank, self.size, self.repeat)
