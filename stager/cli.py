@@ -166,6 +166,26 @@ def _cmd_config(args):
     return 0
 
 
+def _cmd_analyze(args):
+    import json
+
+    from .analyze import AnalyzeOptions, analyze, table
+
+    # As ``python -m`` does, so that --step finds a module beside the user.
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    options = AnalyzeOptions(step=args.step, batches=args.batches, warmup=args.warmup, collate=args.collate,
+                             drop_caches=not args.keep_page_cache, progress=not args.quiet)
+    result = analyze(load_config(args.config, args.set), options)
+    print(table(result))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump(result, fh, indent=2)
+            fh.write("\n")
+        print(f"written to {args.json}")
+    return 0
+
+
 def build_parser():
     parser = argparse.ArgumentParser(
         prog="stager",
@@ -288,6 +308,27 @@ def build_parser():
     p.add_argument("config", nargs="?", help="YAML config file")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", default=[])
     p.set_defaults(func=_cmd_config)
+
+    p = sub.add_parser("analyze", help="is the training waiting for data, and why (DS-Analyzer's method)",
+                       description="Run one training step over the same minibatches three ways: cold from the "
+                                   "source (fetch-bound), from a warm local copy (preparation-bound) and on "
+                                   "synthetic in-memory batches (pure compute); attribute the stall to fetch "
+                                   "(cold - staged) and to preparation (staged - synthetic).")
+    p.add_argument("config", help="YAML config file (the job to analyse)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", default=[],
+                   help="override a config value, e.g. --set run.compute_ms=50 (repeatable)")
+    p.add_argument("--step", metavar="MODULE:FUNCTION",
+                   help="the training step, a function taking one minibatch (default: sleep run.compute_ms)")
+    p.add_argument("--collate", choices=("none", "torch"), default="none",
+                   help="what the step receives: none, the list of (sample, label) pairs (default); torch, "
+                        "default_collate's tensors, as StagedLoader yields")
+    p.add_argument("--batches", type=int, default=50, help="minibatches timed per phase (default 50)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed minibatches first in each phase (default 2)")
+    p.add_argument("--keep-page-cache", action="store_true",
+                   help="do not drop the page cache before the cold phase (dropping needs root)")
+    p.add_argument("--json", metavar="FILE", help="write the measurements and the attribution as JSON")
+    p.add_argument("--quiet", action="store_true", help="no phase lines on standard error")
+    p.set_defaults(func=_cmd_analyze)
     return parser
 
 
