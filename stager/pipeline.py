@@ -240,9 +240,9 @@ class Pipeline:
             # The node's other ranks learn why their staging stops.
             text = error.message if isinstance(error, StageError) else str(error)
             reason = f"rank {self.world.rank} failed: {type(error).__name__}: {text}"
-        stop(self._ch, timeout, self._processes.peer_wait_s if wait_for_peers else 0, reason)
+        stuck = stop(self._ch, timeout, self._processes.peer_wait_s if wait_for_peers else 0, reason)
         if self._jobdir is not None:
-            self._jobdir.remove()  # only the node leader made it; elsewhere a no-op
+            self._jobdir.remove(stuck)  # only the node leader made it; elsewhere a no-op
 
     def __enter__(self):
         return self.start()

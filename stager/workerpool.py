@@ -158,9 +158,16 @@ class WorkerPool:
         at once (which ``_entry`` takes as the end), so nothing is drained and a
         normal stop takes about one file's decoding, not the time to read
         every worker's minibatch.
+
+        Never waits longer than about ``timeout_s`` + 6 s: a worker that
+        survives SIGKILL (asleep in the kernel on a hung file system, state
+        D) is reported and left; it exits when the kernel lets it.
+
+        Returns:
+            The pids of workers left running that way (usually none).
         """
         if not self.procs:
-            return
+            return []
         self.stop_event.set()
         for _ in self.procs:
             self.tasks.put(None)
@@ -169,6 +176,7 @@ class WorkerPool:
         deadline = time.monotonic() + timeout_s
         for proc in self.procs:
             proc.join(max(0.0, deadline - time.monotonic()))
+        stuck = []
         for proc in self.procs:
             if proc.is_alive():
                 log.warning("stager: %s (pid %s) did not stop in time; terminating", proc.name, proc.pid)
@@ -179,12 +187,18 @@ class WorkerPool:
                 proc.join(5.0)
             if proc.is_alive():
                 log.error("stager: %s (pid %s) survives SIGKILL (stuck in the kernel, e.g. on a hung "
-                          "file system); leaving it", proc.name, proc.pid)
+                          "file system); leaving it: it ends when its file system answers or is "
+                          "unmounted by force", proc.name, proc.pid)
+                stuck.append(proc.pid)
+                # multiprocessing joins its children, without a timeout, at
+                # interpreter exit: this one would hold the exit forever.
+                multiprocessing.process._children.discard(proc)
         for thing in self._owned:
             thing.close()
         self.tasks.cancel_join_thread()  # nobody will read what is left
         self.tasks.close()
         self.procs = []
+        return stuck
 
 
 class Wake:
