@@ -85,10 +85,11 @@ def _entry(target, index, writers, tasks, stop, parent, start_method, inherited,
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         target(index, parent, tasks, mine, stop, *args)
-    except (BrokenPipeError, EOFError):
-        if not stop.is_set():
+    except (BrokenPipeError, ConnectionResetError, EOFError):
+        if not stop.is_set() and os.getppid() == parent:
             raise
-        # Told to stop while replying: the owner closed its end, the reply is moot.
+        # Told to stop, or orphaned (the owner was killed): the owner closed
+        # its end and the reply is moot; exit quietly, without a traceback.
 
 
 class WorkerPool:
