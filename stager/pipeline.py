@@ -28,6 +28,7 @@ from .catalog_file import agreed_catalog
 from .coordinator import END, Batch, Channels, Coordinator
 from .errors import ConfigError, StageError
 from .jobdir import JobDir, agreed_job_id
+from .limits import check_worker_counts
 from .messages import Consumed, Hello
 from .peers import node_peers
 from .service import StagingService
@@ -123,6 +124,7 @@ class Pipeline:
         if self.world is None:
             self.world = detect(self._world_cfg.mpi, self._world_cfg.backend)
         world = self.world
+        check_worker_counts(self._staging, self._reader, world.local_size, world.node_leader)
         if self.catalog is None:
             self.catalog = agreed_catalog(world.comm, self._dataset)
         spec, minibatches = self._rank_plan()
