@@ -92,6 +92,12 @@ def _entry(target, index, writers, tasks, stop, parent, start_method, inherited,
         # its end and the reply is moot; exit quietly, without a traceback.
 
 
+def _join_all(procs, timeout_s):
+    deadline = time.monotonic() + timeout_s
+    for proc in procs:
+        proc.join(max(0.0, deadline - time.monotonic()))
+
+
 class WorkerPool:
     """Starts ``count`` processes running ``target(index, parent_pid, tasks, reply, stop, *args)``.
 
@@ -160,9 +166,10 @@ class WorkerPool:
         normal stop takes about one file's decoding, not the time to read
         every worker's minibatch.
 
-        Never waits longer than about ``timeout_s`` + 6 s: a worker that
-        survives SIGKILL (asleep in the kernel on a hung file system, state
-        D) is reported and left; it exits when the kernel lets it.
+        Never waits longer than ``timeout_s`` + 6 s, however many workers are
+        late: a worker that survives SIGKILL (asleep in the kernel on a hung
+        file system, state D) is reported and left; it exits when the kernel
+        lets it.
 
         Returns:
             The pids of workers left running that way (usually none).
@@ -174,18 +181,20 @@ class WorkerPool:
             self.tasks.put(None)
         for conn in self.conns:
             conn.close()
-        deadline = time.monotonic() + timeout_s
-        for proc in self.procs:
-            proc.join(max(0.0, deadline - time.monotonic()))
+        _join_all(self.procs, timeout_s)
+        # Every late worker is signalled before any is waited for, so sixteen
+        # workers stuck in the kernel take no longer to give up on than one.
+        late = [proc for proc in self.procs if proc.is_alive()]
+        for proc in late:
+            log.warning("stager: %s (pid %s) did not stop in time; terminating", proc.name, proc.pid)
+            proc.terminate()
+        _join_all(late, 1.0)
+        late = [proc for proc in late if proc.is_alive()]
+        for proc in late:
+            proc.kill()
+        _join_all(late, 5.0)
         stuck = []
         for proc in self.procs:
-            if proc.is_alive():
-                log.warning("stager: %s (pid %s) did not stop in time; terminating", proc.name, proc.pid)
-                proc.terminate()
-                proc.join(1.0)
-            if proc.is_alive():
-                proc.kill()
-                proc.join(5.0)
             if proc.is_alive():
                 log.error("stager: %s (pid %s) survives SIGKILL (stuck in the kernel, e.g. on a hung "
                           "file system); leaving it: it ends when its file system answers or is "

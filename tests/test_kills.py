@@ -1,12 +1,48 @@
-"""A ``stager run`` whose main process is killed (SIGKILL: no unwinding): its
-orphaned workers exit by themselves, quietly, and the janitor and the
-emulator clean up after it."""
+"""Processes killed with SIGKILL in the middle of a run.
+
+A killed main process (no unwinding): its orphaned workers exit by
+themselves, quietly, and the janitor and the emulator clean up after it. A
+killed prefetcher ends the job with a clear error; it is not restarted
+(README, "Reliability: stalls and shutdown", says why).
+"""
 
 import os
+import re
+import signal
 import subprocess
+import time
 
-from conftest import REPO, stager_cmd, stager_workers
-from stall_tools import exited_within, wait_until
+import pytest
+
+from conftest import REPO, make_config, stager_cmd, stager_workers
+from stager.errors import StageError
+from stager.pipeline import Pipeline
+from stall_tools import exited_within, in_fuse_request, wait_until
+
+
+def test_a_prefetcher_killed_mid_copy_ends_the_job_at_once_with_its_name(dataset, tmp_path):
+    from stager.slowfs import SlowFS
+
+    root, _ = dataset
+    with SlowFS(root, open_ms=300) as mnt:  # slow opens: the lookahead keeps prefetchers in them for seconds
+        cfg = make_config(mnt, tmp_path / "local", plan={"epochs": 0},
+                          dataset={"manifest": os.path.join(root, "manifest.tsv")})
+        pipe = Pipeline(cfg)
+        with pytest.raises(StageError) as info:
+            with pipe:
+                it = iter(pipe)
+                next(it)
+                victim = stager_workers("stager-prefetch")[0]
+                wait_until(lambda: in_fuse_request(victim), 30, "the prefetcher to be in an open")
+                os.kill(victim, signal.SIGKILL)
+                killed = time.monotonic()
+                for _ in it:  # ends with the error, not a hang
+                    pass
+        ended = time.monotonic() - killed
+        assert not stager_workers() and not os.path.exists(pipe.local_dir)
+    assert info.value.stage == "prefetch" and info.value.cause == "WorkerDied"
+    assert re.search(rf"stager-prefetch-\d \(pid {victim}\) died \(exit code -9\)", str(info.value)), str(info.value)
+    assert ended < 10, ended
 
 
 def test_workers_orphaned_by_a_killed_run_exit_quietly_and_leave_nothing(tmp_path):
