@@ -27,8 +27,8 @@ def test_a_million_prefetchers_are_refused_before_anything_starts(slow_source, t
 def test_the_open_file_limit_is_named_by_the_command_without_a_traceback(dataset, tmp_path):
     root, _ = dataset
     job = tmp_path / "job.yaml"
-    job.write_text(f"dataset:\n  source: {root}\n  manifest: manifest.tsv\nstaging:\n  local_dir: {tmp_path / 'local'}\n"
-                   "  prefetchers: 100\nreader:\n  workers: 2\n")
+    job.write_text(f"dataset:\n  source: {root}\n  manifest: manifest.tsv\n"
+                   f"staging:\n  local_dir: {tmp_path / 'local'}\n  prefetchers: 100\nreader:\n  workers: 2\n")
 
     def lower_nofile():
         resource.setrlimit(resource.RLIMIT_NOFILE, (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))

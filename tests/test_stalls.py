@@ -20,17 +20,19 @@ from stall_tools import exited_within, in_fuse_request, state, wait_until
 HUNG_MS = 600_000  # an open that takes ten minutes is, for a test, one that never returns
 
 
-def hung_config(dataset, mnt, tmp_path, **staging):
+def hung_config(dataset, mnt, tmp_path, start_method="fork", **staging):
     root, manifest = dataset
     # The manifest is read from the real tree: reading it through the hung mount would hang the catalog.
     return make_config(mnt, tmp_path / "local", dataset={"manifest": os.path.join(root, "manifest.tsv")},
-                       staging={"prefetchers": 2, **staging}, processes={"shutdown_timeout_s": 2.0})
+                       staging={"prefetchers": 2, **staging},
+                       processes={"shutdown_timeout_s": 2.0, "start_method": start_method})
 
 
-def test_a_stalled_source_fails_the_job_naming_the_file_the_prefetcher_and_the_wait(dataset, tmp_path):
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_a_stalled_source_fails_the_job_naming_the_file_the_prefetcher_and_the_wait(dataset, tmp_path, start_method):
     root, _ = dataset
     with SlowFS(root, open_ms=HUNG_MS) as mnt:
-        cfg = hung_config(dataset, mnt, tmp_path, stall_timeout_s=2)
+        cfg = hung_config(dataset, mnt, tmp_path, start_method, stall_timeout_s=2)
         pipe = Pipeline(cfg)
         begin = time.monotonic()
         with pytest.raises(StageError) as info:
@@ -103,10 +105,12 @@ processes:
             assert f"stager-prefetch-{prefetchers.index(pid)} (pid {pid}) survives SIGKILL" in err, err
         assert "Traceback" not in err
         assert os.listdir(tmp_path / "local") == [], "the staging directory is removed at exit all the same"
+        janitors = _janitors(tmp_path)
+        assert len(janitors) == 1, "the janitor must wait for the stuck prefetchers (they hold its pipe)"
         umount(str(mnt), mode="force")
         for pid in prefetchers:
             assert exited_within(pid, 10), f"prefetcher {pid} outlived the hung mount"
-        wait_until(lambda: not _janitors(tmp_path), 30, "the janitor to exit")
+        assert exited_within(janitors[0], 30), "the janitor must exit once the prefetchers are gone"
         assert os.listdir(tmp_path / "local") == []
     finally:
         if proc is not None and proc.poll() is None:
