@@ -133,3 +133,10 @@ def _janitors(tmp_path):
         if b"shutil.rmtree" in cmdline and str(tmp_path / "local").encode() in cmdline:
             out.append(int(pid))
     return out
+
+
+def test_a_negative_stall_timeout_is_refused_naming_the_key(tmp_path):
+    from stager.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"staging.stall_timeout_s must be 0 \(wait without end\) or more"):
+        make_config(str(tmp_path), tmp_path / "local", staging={"stall_timeout_s": -1})
