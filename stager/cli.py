@@ -60,7 +60,7 @@ def _cmd_slowfs(args):
 
     if args.action == "mount":
         proc = slowfs.mount(args.source, args.mountpoint, args.open_ms, args.mbps, log_path=args.log,
-                            engine=args.engine)
+                            engine=args.engine, ignore_interrupts=args.ignore_interrupts)
         print(f"mounted {args.source} on {args.mountpoint} (daemon pid {proc.pid}); "
               f"end it with: stager slowfs umount {args.mountpoint}")
     elif args.action == "build":
@@ -68,8 +68,9 @@ def _cmd_slowfs(args):
 
         print(build_c_engine())
     else:
-        slowfs.umount(args.mountpoint)
-        print(f"unmounted {args.mountpoint}")
+        mode = "force" if args.force else "lazy" if args.lazy else "normal"
+        slowfs.umount(args.mountpoint, mode=mode)
+        print(f"unmounted {args.mountpoint}" + (f" ({mode})" if args.force or args.lazy else ""))
     return 0
 
 
@@ -240,12 +241,22 @@ def build_parser():
     m.add_argument("--log", help="file for the daemon's output")
     m.add_argument("--engine", choices=ENGINES, default="auto",
                    help="the C daemon, the Python one, or C where it can be built (default auto)")
+    m.add_argument("--ignore-interrupts", action="store_true",
+                   help="emulate a hung server: a reader killed during a sleep stays blocked in the kernel "
+                        "until the daemon ends (clear it with umount --force)")
     ssub.add_parser("build", help="build the C engine now and print its path",
                     description="Compile stager/slowfs/slowfsd.c against libfuse3 (needs cc and libfuse3-dev); "
                                 "otherwise it is built on first use.")
     u = ssub.add_parser("umount", help="unmount MNT and end its daemon", description="Unmount MNT and wait "
                                                                                     "for its daemon to exit.")
     u.add_argument("mountpoint", metavar="MNT")
+    how = u.add_mutually_exclusive_group()
+    how.add_argument("--lazy", action="store_true",
+                     help="detach MNT now even if files are open (fusermount3 -u -z); the daemon exits when "
+                          "the last one closes")
+    how.add_argument("--force", action="store_true",
+                     help="detach MNT and end its daemon (SIGTERM, then SIGKILL): readers blocked on a hung "
+                          "mount get ENOTCONN and return")
     p.set_defaults(func=_cmd_slowfs)
 
     p = sub.add_parser("slurm", help="sbatch scripts from the templates in slurm/",

@@ -42,6 +42,17 @@ class Janitor:
         """The owner's end of the pipe; workers that write into the directory keep it open."""
         return self.proc.stdin.fileno() if self.proc is not None else None
 
+    def hand_over(self):
+        """Leaves the directory to the janitor: it removes it once every process holding its pipe is gone.
+
+        For an owner that leaves workers stuck in the kernel behind: they
+        hold the pipe, so the janitor waits for them, however long.
+        """
+        if self.proc is None:
+            return
+        proc, self.proc = self.proc, None
+        proc.stdin.close()  # not waited for: it runs in its own session and may outlive us
+
     def release(self, timeout_s=10.0):
         """Tells the janitor the owner cleaned up (or keeps the directory) and waits for it."""
         if self.proc is None:

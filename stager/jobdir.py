@@ -121,8 +121,16 @@ class JobDir:
         fd = self._janitor.fileno() if self._janitor is not None else None
         return set() if fd is None else {fd}
 
-    def remove(self):
-        """Deletes the directory unless ``keep`` is set; safe to call twice."""
+    def remove(self, stuck=()):
+        """Deletes the directory unless ``keep`` is set; safe to call twice.
+
+        Args:
+            stuck: Pids of workers left stuck in the kernel (see
+                ``WorkerPool.stop``). One may still write into the directory
+                once it wakes, so the janitor is not told all is done: it
+                waits for them (they hold its pipe) and removes the
+                directory again.
+        """
         if self._created and not self.keep:
             shutil.rmtree(self.path, ignore_errors=True)
         self._created = False
@@ -130,5 +138,8 @@ class JobDir:
             os.close(self._lock)
             self._lock = None
         if self._janitor is not None:
-            self._janitor.release()
+            if stuck:
+                self._janitor.hand_over()
+            else:
+                self._janitor.release()
             self._janitor = None

@@ -28,6 +28,7 @@ from .catalog_file import agreed_catalog
 from .coordinator import END, Batch, Channels, Coordinator
 from .errors import ConfigError, StageError
 from .jobdir import JobDir, agreed_job_id
+from .limits import check_worker_counts
 from .messages import Consumed, Hello
 from .peers import node_peers
 from .service import StagingService
@@ -123,6 +124,7 @@ class Pipeline:
         if self.world is None:
             self.world = detect(self._world_cfg.mpi, self._world_cfg.backend)
         world = self.world
+        check_worker_counts(self._staging, self._reader, world.local_size, world.node_leader)
         if self.catalog is None:
             self.catalog = agreed_catalog(world.comm, self._dataset)
         spec, minibatches = self._rank_plan()
@@ -240,9 +242,9 @@ class Pipeline:
             # The node's other ranks learn why their staging stops.
             text = error.message if isinstance(error, StageError) else str(error)
             reason = f"rank {self.world.rank} failed: {type(error).__name__}: {text}"
-        stop(self._ch, timeout, self._processes.peer_wait_s if wait_for_peers else 0, reason)
+        stuck = stop(self._ch, timeout, self._processes.peer_wait_s if wait_for_peers else 0, reason)
         if self._jobdir is not None:
-            self._jobdir.remove()  # only the node leader made it; elsewhere a no-op
+            self._jobdir.remove(stuck)  # only the node leader made it; elsewhere a no-op
 
     def __enter__(self):
         return self.start()

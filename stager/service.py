@@ -29,6 +29,7 @@ import threading
 
 from .messages import Failure
 from .service_loop import ServiceLoop
+from .stalls import Progress
 from .workerpool import Wake, WorkerPool
 from .workers import prefetcher_main
 
@@ -83,6 +84,7 @@ class StagingService:
         self.address = _socket_address(local_dir) if remote_clients else None
         self.authkey = secrets.token_bytes(32)
         self.pool = None
+        self.progress = None
         self.wake = Wake()
         self._halt = threading.Event()
         self._incoming = queue.Queue()   # connections accepted, not yet served
@@ -96,8 +98,9 @@ class StagingService:
         Returns:
             The leader's own client connection.
         """
+        self.progress = Progress(ctx, self.staging.prefetchers)
         self.pool = WorkerPool(ctx, "prefetch", "stager-prefetch", self.staging.prefetchers, prefetcher_main,
-                               (self.source, self.local_dir), self.keep_fds)
+                               (self.source, self.local_dir, self.progress), self.keep_fds)
         if self.peers is not None:
             self.peers.start()
         if self.remote_clients:
@@ -168,6 +171,10 @@ class StagingService:
         Args:
             wait_for_clients_s: How long to wait for other ranks to disconnect;
                 0 on an error path, where peers may never come.
+
+        Returns:
+            The pids of prefetchers stuck in the kernel, left running (see
+            ``WorkerPool.stop``).
         """
         if self._thread is not None:
             self._thread.join(timeout=wait_for_clients_s)
@@ -182,9 +189,9 @@ class StagingService:
             except (OSError, EOFError, mpc.AuthenticationError):
                 pass
             self._acceptor.join(timeout=self.shutdown_timeout_s)
-        if self.pool is not None:
-            self.pool.stop(self.shutdown_timeout_s)
+        stuck = self.pool.stop(self.shutdown_timeout_s) if self.pool is not None else []
         if self._listener is not None:
             self._listener.close()
             self._listener = None
         self.wake.close()
+        return stuck

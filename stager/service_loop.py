@@ -14,6 +14,7 @@ import collections
 import errno
 import multiprocessing.connection as mpc
 import os
+import time
 
 import numpy as np
 
@@ -75,6 +76,7 @@ class ServiceLoop:
         self.epoch = 0           # of the latest request, for the cache's counters
         self.peak = 0
         self.failed = None       # the Failure sent to clients, once staging failed
+        self.next_stall_check = 0.0
 
     def run(self):
         s = self.s
@@ -94,6 +96,28 @@ class ServiceLoop:
                     self.on_reply(msg)
                 else:
                     self.on_client(obj)
+            self.check_stalls()
+
+    def check_stalls(self):
+        """Fails the job once a prefetcher has waited more than ``staging.stall_timeout_s`` for one file.
+
+        Checked at most about once a second (the wait above times out after
+        one), so a busy service pays nothing for it.
+        """
+        limit = self.s.staging.stall_timeout_s
+        now = time.monotonic()
+        if not limit or self.failed is not None or now < self.next_stall_check:
+            return
+        self.next_stall_check = now + min(1.0, limit / 4)
+        for worker, index, epoch, step, waited in self.s.progress.stalled(limit):
+            proc = self.s.pool.procs[worker]
+            rel = self.catalog.path(index)
+            self.fail(Failure("prefetch", proc.name, epoch, step, rel, "Stalled",
+                              f"{proc.name} (pid {proc.pid}) has waited {waited:.0f} s for "
+                              f"{self.s.source.describe(rel)} (minibatch {step} of epoch {epoch}), more than "
+                              f"staging.stall_timeout_s = {limit:g}: the source does not answer (a hung file "
+                              "system?)"))
+            return
 
     def admit_clients(self):
         for conn in self.s.accepted():

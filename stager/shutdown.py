@@ -12,6 +12,10 @@ an abandoned pipeline is collected):
      on an error) for the node's other ranks to leave the service, stop the
      prefetchers the same way, and remove the job directory unless
      ``staging.keep`` is set.
+A worker that survives SIGKILL (stuck in the kernel on a hung file system)
+is reported and left behind: shutdown never waits for it. The job directory
+is removed all the same, and the janitor, whose pipe such a prefetcher still
+holds, removes it once more when the prefetcher is finally gone.
 Workers also exit on their own when their parent dies (they poll getppid).
 """
 
@@ -29,7 +33,12 @@ def halt(ch):
 
 
 def stop(ch, timeout, peer_wait_s, reason=None):
-    """Steps 2-4 of the shutdown protocol (the coordinator is already halted)."""
+    """Steps 2-4 of the shutdown protocol (the coordinator is already halted).
+
+    Returns:
+        The pids of workers stuck in the kernel and left running.
+    """
+    stuck = []
     if ch.client is not None:
         # A coordinator stuck in a send would hold the lock: then skip the goodbye.
         if ch.client_lock.acquire(timeout=timeout):
@@ -42,10 +51,11 @@ def stop(ch, timeout, peer_wait_s, reason=None):
             finally:
                 ch.client_lock.release()
     if ch.readers is not None:
-        ch.readers.stop(timeout)
+        stuck += ch.readers.stop(timeout)
     if ch.service is not None:
-        ch.service.close(peer_wait_s)
+        stuck += ch.service.close(peer_wait_s)
     ch.wake.close()
+    return stuck
 
 
 def close_abandoned(ch, jobdirs):
@@ -55,6 +65,6 @@ def close_abandoned(ch, jobdirs):
     # half torn down); the janitor removes a directory this cannot.
     with contextlib.suppress(Exception):
         halt(ch)
-        stop(ch, 1.0, 0)
+        stuck = stop(ch, 1.0, 0)
         for jobdir in jobdirs:
-            jobdir.remove()
+            jobdir.remove(stuck)

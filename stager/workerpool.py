@@ -85,10 +85,17 @@ def _entry(target, index, writers, tasks, stop, parent, start_method, inherited,
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         target(index, parent, tasks, mine, stop, *args)
-    except (BrokenPipeError, EOFError):
-        if not stop.is_set():
+    except (BrokenPipeError, ConnectionResetError, EOFError):
+        if not stop.is_set() and os.getppid() == parent:
             raise
-        # Told to stop while replying: the owner closed its end, the reply is moot.
+        # Told to stop, or orphaned (the owner was killed): the owner closed
+        # its end and the reply is moot; exit quietly, without a traceback.
+
+
+def _join_all(procs, timeout_s):
+    deadline = time.monotonic() + timeout_s
+    for proc in procs:
+        proc.join(max(0.0, deadline - time.monotonic()))
 
 
 class WorkerPool:
@@ -158,33 +165,50 @@ class WorkerPool:
         at once (which ``_entry`` takes as the end), so nothing is drained and a
         normal stop takes about one file's decoding, not the time to read
         every worker's minibatch.
+
+        Never waits longer than ``timeout_s`` + 6 s, however many workers are
+        late: a worker that survives SIGKILL (asleep in the kernel on a hung
+        file system, state D) is reported and left; it exits when the kernel
+        lets it.
+
+        Returns:
+            The pids of workers left running that way (usually none).
         """
         if not self.procs:
-            return
+            return []
         self.stop_event.set()
         for _ in self.procs:
             self.tasks.put(None)
         for conn in self.conns:
             conn.close()
-        deadline = time.monotonic() + timeout_s
+        _join_all(self.procs, timeout_s)
+        # Every late worker is signalled before any is waited for, so sixteen
+        # workers stuck in the kernel take no longer to give up on than one.
+        late = [proc for proc in self.procs if proc.is_alive()]
+        for proc in late:
+            log.warning("stager: %s (pid %s) did not stop in time; terminating", proc.name, proc.pid)
+            proc.terminate()
+        _join_all(late, 1.0)
+        late = [proc for proc in late if proc.is_alive()]
+        for proc in late:
+            proc.kill()
+        _join_all(late, 5.0)
+        stuck = []
         for proc in self.procs:
-            proc.join(max(0.0, deadline - time.monotonic()))
-        for proc in self.procs:
-            if proc.is_alive():
-                log.warning("stager: %s (pid %s) did not stop in time; terminating", proc.name, proc.pid)
-                proc.terminate()
-                proc.join(1.0)
-            if proc.is_alive():
-                proc.kill()
-                proc.join(5.0)
             if proc.is_alive():
                 log.error("stager: %s (pid %s) survives SIGKILL (stuck in the kernel, e.g. on a hung "
-                          "file system); leaving it", proc.name, proc.pid)
+                          "file system); leaving it: it ends when its file system answers or is "
+                          "unmounted by force", proc.name, proc.pid)
+                stuck.append(proc.pid)
+                # multiprocessing joins its children, without a timeout, at
+                # interpreter exit: this one would hold the exit forever.
+                multiprocessing.process._children.discard(proc)
         for thing in self._owned:
             thing.close()
         self.tasks.cancel_join_thread()  # nobody will read what is left
         self.tasks.close()
         self.procs = []
+        return stuck
 
 
 class Wake:

@@ -46,12 +46,14 @@ def _fetch(source, dst_root, index, rel, size, mtime_ns):
         return index, NO_SPACE  # the service makes room and retries
 
 
-def prefetcher_main(worker, parent_pid, tasks, reply, stop, source, dst_root):
+def prefetcher_main(worker, parent_pid, tasks, reply, stop, source, dst_root, progress=None):
     """Fetches each ``StageTask``'s files into node-local storage and replies ``Staged``.
 
     Args:
         source: The ``Source`` to fetch from (picklable).
         dst_root: The job's node-local directory.
+        progress: The service's ``stalls.Progress``, told which file this
+            prefetcher waits for, so that a stalled source is noticed.
     """
     failed = False
     # A source with latency per request (an object store) fetches several
@@ -70,6 +72,8 @@ def prefetcher_main(worker, parent_pid, tasks, reply, stop, source, dst_root):
                 if stop.is_set():
                     return
                 rel = file[1]
+                if progress is not None:
+                    progress.on(worker, file[0], task.epoch, task.step)
                 done.append(futures[n].result() if futures else _fetch(source, dst_root, *file))
         except Exception as exc:  # reported with its context, then we wait to be stopped
             for future in futures or ():
@@ -79,6 +83,9 @@ def prefetcher_main(worker, parent_pid, tasks, reply, stop, source, dst_root):
                                               f"{type(exc).__name__}: {exc}"))
             failed = True
             continue
+        finally:
+            if progress is not None:
+                progress.idle(worker)
         reply.send(Staged(task.task, worker, done, time.perf_counter() - start, task.epoch))
     if pool is not None:
         pool.shutdown(wait=False, cancel_futures=True)

@@ -251,7 +251,32 @@ def _abort(world, text, code):
     sys.stderr.write(f"stager: rank {world.rank} of {world.size} on {world.node}: {text}\n"
                      f"stager: {how} so that no rank waits for this one\n")
     sys.stderr.flush()
+    if world.source == "mpi":
+        _unlink_own_mpich_segments()
     world.comm.Abort(code)
+
+
+def _unlink_own_mpich_segments():
+    """Removes the names of the MPICH shared-memory segments this process has mapped.
+
+    MPICH unlinks its node's ``/dev/shm/mpich_shm_*`` segment in
+    ``MPI_Finalize``; after ``MPI_Abort`` nobody does, and one is left per
+    node and aborted job. Those this process maps are certainly its own job's
+    (its node's ranks share it), so their names can go: the ranks still
+    using them keep their mappings. Other nodes' segments are out of reach
+    (their ranks are killed without running any code).
+    """
+    try:
+        with open("/proc/self/maps") as fh:
+            paths = {line.split(None, 5)[5].strip() for line in fh if "/dev/shm/mpich_shm_" in line}
+    except (OSError, IndexError):
+        return
+    for path in paths:
+        if path.startswith("/dev/shm/mpich_shm_") and "/" not in path[len("/dev/shm/"):]:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass  # another rank of the node was first, or it is not ours to remove
 
 
 @contextlib.contextmanager

@@ -13,6 +13,7 @@ import pytest
 
 from stager.slowfs import SlowFS, mount_entry
 from stager.slowfs import EngineUnavailable, build_c_engine, engine_command
+from stall_tools import exited_within, in_fuse_request, state, wait_until
 
 ENGINES = ["c", "python"]
 
@@ -144,3 +145,53 @@ def test_the_c_engine_rejects_bad_arguments(tree, tmp_path):
     res = subprocess.run([build_c_engine(), str(tmp_path / "nowhere"), str(tmp_path / "mnt")],
                          capture_output=True, text=True, timeout=30)
     assert res.returncode == 1 and "nowhere" in res.stderr
+
+
+def test_a_reader_killed_during_a_long_open_is_gone_at_once(engine, tree):
+    # The emulator's sleep wakes on the kernel's FUSE_INTERRUPT: the killed
+    # reader does not wait out the 600 s, and the mount is free at once.
+    root, _ = tree
+    with SlowFS(str(root), open_ms=600_000, engine=engine) as mnt:
+        reader = subprocess.Popen(["cat", os.path.join(mnt, "a.bin")], stdout=subprocess.DEVNULL)
+        try:
+            wait_until(lambda: in_fuse_request(reader.pid), 30, "the reader to block in its open")
+            reader.kill()
+            reader.wait(timeout=10)
+        finally:
+            reader.kill()
+            reader.wait()
+    assert reader.returncode == -9
+    assert mount_entry(mnt) is None
+
+
+def test_umount_force_clears_a_hung_mount_with_a_blocked_reader(engine, tree, tmp_path):
+    # A hung server (interrupts ignored) keeps a killed reader in the kernel
+    # (state D): a plain umount is refused, --force ends the daemon and the
+    # reader with it.
+    root, _ = tree
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    cli = [sys.executable, "-m", "stager", "slowfs"]
+    out = subprocess.run(cli + ["mount", str(root), str(mnt), "--open-ms", "600000", "--engine", engine,
+                                "--ignore-interrupts"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    daemon = int(mount_entry(str(mnt)).split(":", 1)[1])
+    reader = subprocess.Popen(["cat", str(mnt / "a.bin")], stdout=subprocess.DEVNULL)
+    try:
+        wait_until(lambda: in_fuse_request(reader.pid), 30, "the reader to block in its open")
+        reader.kill()
+        wait_until(lambda: state(reader.pid) == "D", 10, "the killed reader to sit in the kernel")
+        busy = subprocess.run(cli + ["umount", str(mnt)], capture_output=True, text=True, timeout=60)
+        assert busy.returncode == 1 and "--force" in busy.stderr, busy.stderr
+        assert state(reader.pid) == "D"
+        forced = subprocess.run(cli + ["umount", "--force", str(mnt)], capture_output=True, text=True, timeout=60)
+        assert forced.returncode == 0, forced.stderr
+        reader.wait(timeout=10)
+    finally:
+        if mount_entry(str(mnt)) is not None:
+            subprocess.run(cli + ["umount", "--force", str(mnt)], capture_output=True, timeout=60)
+        reader.kill()
+        reader.wait()
+    assert reader.returncode == -9
+    assert mount_entry(str(mnt)) is None
+    assert exited_within(daemon, 10), "the daemon must be gone"

@@ -153,6 +153,10 @@ class StagingConfig:
             is read from the source by its owner (the node that reads it in
             the first epoch) and fetched from the owner's copy by the others
             when that is measured to be faster.
+        stall_timeout_s: Seconds a prefetcher may wait for one file (an
+            open or read that does not return: a hung file system) before
+            the job fails, naming the file and the prefetcher; 0 waits
+            without end.
     """
 
     enabled: bool = True
@@ -165,6 +169,7 @@ class StagingConfig:
     capacity: Optional[str] = None
     cache_policy: str = "auto"
     peers: str = "off"
+    stall_timeout_s: float = 300.0
 
     def __post_init__(self):
         from ..cache import POLICIES, parse_capacity  # the registry and the rule live with the cache
@@ -179,6 +184,7 @@ class StagingConfig:
         require(self.lookahead >= 1, "staging.lookahead must be at least 1")
         require(self.files_per_task >= 0, "staging.files_per_task must be 0 (automatic) or more")
         require(self.peers in ("off", "partition"), f"staging.peers must be 'off' or 'partition', not {self.peers!r}")
+        require(self.stall_timeout_s >= 0, "staging.stall_timeout_s must be 0 (wait without end) or more seconds")
 
 
 

@@ -13,6 +13,7 @@ finds it in ``/proc/self/mounts`` without a pid file.
 import os
 import select
 import shutil
+import signal
 import subprocess
 import tempfile
 
@@ -41,7 +42,7 @@ def fusermount():
 
 
 def mount(source, mountpoint, open_ms=10.0, mbps=0.0, timeout_s=30.0, log_path=None, owner_fd=None,
-          remove_mountpoint=False, engine="auto"):
+          remove_mountpoint=False, engine="auto", ignore_interrupts=False):
     """Starts the emulator as a background process and waits until it is mounted.
 
     Args:
@@ -56,6 +57,10 @@ def mount(source, mountpoint, open_ms=10.0, mbps=0.0, timeout_s=30.0, log_path=N
             mount lasts until ``umount`` (the ``stager slowfs`` command).
         remove_mountpoint: With ``owner_fd``, remove the mount point too.
         engine: ``auto``, ``c`` or ``python`` (see ``engine``).
+        ignore_interrupts: Emulate a hung server: a sleeping open or read
+            never ends early when its caller is interrupted, so a reader
+            killed meanwhile stays in the kernel (state D) until the daemon
+            answers or dies (``umount(..., mode="force")``).
 
     Returns:
         The daemon's ``subprocess.Popen``.
@@ -76,6 +81,8 @@ def mount(source, mountpoint, open_ms=10.0, mbps=0.0, timeout_s=30.0, log_path=N
     log = open(log_path, "ab") if log_path else subprocess.DEVNULL
     cmd = daemon + [os.path.abspath(source), os.path.abspath(mountpoint), "--open-ms", str(open_ms),
                     "--mbps", str(mbps), "--ready-fd", str(write_fd)]
+    if ignore_interrupts:
+        cmd.append("--ignore-interrupts")
     fds = (write_fd,)
     if owner_fd is not None:
         cmd += ["--owner-fd", str(owner_fd)] + (["--remove-mountpoint"] if remove_mountpoint else [])
@@ -108,33 +115,68 @@ def mount(source, mountpoint, open_ms=10.0, mbps=0.0, timeout_s=30.0, log_path=N
                        f"{err.decode(errors='replace').strip() or 'timed out'}")
 
 
-def umount(mountpoint, timeout_s=30.0):
+UMOUNT_MODES = ("normal", "lazy", "force")
+
+
+def umount(mountpoint, timeout_s=30.0, mode="normal"):
     """Unmounts an emulator mount and waits for its daemon to exit.
+
+    Args:
+        mountpoint: The mount.
+        timeout_s: How long to wait for the daemon.
+        mode: ``normal`` fails while a file is open on the mount; ``lazy``
+            detaches it at once (``fusermount3 -u -z``) and lets the daemon
+            exit when the last reader closes, without waiting for that;
+            ``force`` detaches it and ends the daemon (SIGTERM, then
+            SIGKILL), which fails every request still pending with ENOTCONN,
+            so that a reader blocked in the kernel on a hung mount returns.
 
     Raises:
         RuntimeError: If ``mountpoint`` is not a stager slowfs mount or
             ``fusermount3 -u`` fails.
     """
+    if mode not in UMOUNT_MODES:
+        raise ValueError(f"slowfs: unknown umount mode {mode!r}; choose one of {', '.join(UMOUNT_MODES)}")
     entry = mount_entry(mountpoint)
     if entry is None:
         raise RuntimeError(f"slowfs: {mountpoint} is not a stager slowfs mount")
     pid = int(entry.split(":", 1)[1]) if ":" in entry else None
-    result = subprocess.run([fusermount(), "-u", mountpoint], capture_output=True, text=True)
-    if result.returncode != 0:
-        raise RuntimeError(f"slowfs: fusermount3 -u {mountpoint} failed: {result.stderr.strip()}")
-    if pid is not None:
-        _wait_pid_exit(pid, timeout_s)
-
-
-def _wait_pid_exit(pid, timeout_s):
+    # The daemon's pidfd, taken before the unmount so that its pid cannot be reused meanwhile.
+    pidfd = _pidfd(pid)
     try:
-        fd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return
-    try:
-        select.select([fd], [], [], timeout_s)
+        lazy = ["-z"] if mode != "normal" else []
+        result = subprocess.run([fusermount(), "-u", *lazy, mountpoint], capture_output=True, text=True)
+        if result.returncode != 0:
+            hint = " (a file is open on it: --lazy detaches it now, --force also ends a hung daemon)" \
+                if mode == "normal" else ""
+            raise RuntimeError(f"slowfs: fusermount3 -u {' '.join(lazy + [mountpoint])} failed: "
+                               f"{result.stderr.strip()}{hint}")
+        if pidfd is None or mode == "lazy":
+            return
+        if mode == "force" and not _exited(pidfd, 0):
+            signal.pidfd_send_signal(pidfd, signal.SIGTERM)
+            if not _exited(pidfd, min(2.0, timeout_s)):
+                # A daemon thread asleep in a request can hold its exit up:
+                # killing it aborts the connection, failing what is pending.
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        _exited(pidfd, timeout_s)
     finally:
-        os.close(fd)
+        if pidfd is not None:
+            os.close(pidfd)
+
+
+def _pidfd(pid):
+    if pid is None:
+        return None
+    try:
+        return os.pidfd_open(pid)
+    except ProcessLookupError:
+        return None
+
+
+def _exited(pidfd, timeout_s):
+    ready, _, _ = select.select([pidfd], [], [], timeout_s)  # readable once the process has exited
+    return bool(ready)
 
 
 class SlowFS:
@@ -150,10 +192,12 @@ class SlowFS:
         open_ms: Latency per open, in milliseconds.
         mbps: Shared bandwidth cap in MB/s; 0 = unlimited.
         engine: ``auto``, ``c`` or ``python`` (see ``engine``).
+        ignore_interrupts: Emulate a hung server (see ``mount``).
     """
 
-    def __init__(self, source, mountpoint=None, open_ms=10.0, mbps=0.0, engine="auto"):
+    def __init__(self, source, mountpoint=None, open_ms=10.0, mbps=0.0, engine="auto", ignore_interrupts=False):
         self.source = source
+        self.ignore_interrupts = ignore_interrupts
         self.engine = engine
         self.mountpoint = mountpoint
         self.open_ms = open_ms
@@ -168,7 +212,8 @@ class SlowFS:
         owner_read, self._owner = os.pipe()
         try:
             self._proc = mount(self.source, self.mountpoint, self.open_ms, self.mbps, owner_fd=owner_read,
-                               remove_mountpoint=self._made_dir, engine=self.engine)
+                               remove_mountpoint=self._made_dir, engine=self.engine,
+                               ignore_interrupts=self.ignore_interrupts)
         except BaseException:
             os.close(self._owner)
             self._cleanup_dir()

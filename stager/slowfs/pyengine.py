@@ -15,11 +15,29 @@ import time
 from .mount import FSNAME, fusermount
 
 
+_INTERRUPT_POLL_S = 0.02  # the longest single sleep: an interrupted request is noticed within this
+
+
+def _sleep(seconds, interrupted):
+    """Sleeps ``seconds``; raises EINTR once ``interrupted()`` says the caller's request was interrupted."""
+    deadline = time.monotonic() + seconds
+    while True:
+        if interrupted():
+            import mfusepy
+
+            raise mfusepy.FuseOSError(errno.EINTR)
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        time.sleep(min(left, _INTERRUPT_POLL_S))
+
+
 class _Throttle:
     """A shared bandwidth cap: each read waits for its slot on one timeline."""
 
-    def __init__(self, bytes_per_s):
+    def __init__(self, bytes_per_s, interrupted):
         self.rate = bytes_per_s
+        self.interrupted = interrupted
         self.lock = threading.Lock()
         self.free_at = time.monotonic()
 
@@ -33,19 +51,24 @@ class _Throttle:
             done = self.free_at
         delay = done - time.monotonic()
         if delay > 0:
-            time.sleep(delay)
+            _sleep(delay, self.interrupted)
 
 
-def _operations(root, open_s, bytes_per_s, ready_fd):
+def _operations(root, open_s, bytes_per_s, ready_fd, ignore_interrupts=False):
     # mfusepy is imported here so that importing stager never needs libfuse.
     import mfusepy
+
+    # libfuse flags the request a thread serves when the kernel forwards its
+    # caller's signal (FUSE_INTERRUPT); a hung server (ignore_interrupts)
+    # never looks.
+    interrupted = (lambda: False) if ignore_interrupts else (lambda: bool(mfusepy._libfuse.fuse_interrupted()))
 
     class SlowPassthrough(mfusepy.Operations):
         use_ns = True
 
         def __init__(self):
             self.root = os.path.realpath(root)
-            self.throttle = _Throttle(bytes_per_s)
+            self.throttle = _Throttle(bytes_per_s, interrupted)
 
         def _full(self, path):
             return os.path.join(self.root, path.lstrip("/"))
@@ -78,7 +101,7 @@ def _operations(root, open_s, bytes_per_s, ready_fd):
             if flags & (os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_TRUNC | os.O_CREAT):
                 raise mfusepy.FuseOSError(errno.EROFS)
             if open_s > 0:
-                time.sleep(open_s)
+                _sleep(open_s, interrupted)
             return os.open(self._full(path), os.O_RDONLY)
 
         def read(self, path, size, offset, fh):
@@ -103,7 +126,8 @@ def _unmount_when_owner_dies(owner_fd, mountpoint, owner_gone):
     subprocess.run([fusermount(), "-u", "-z", mountpoint], capture_output=True)
 
 
-def serve(source, mountpoint, open_ms, mbps, ready_fd=None, owner_fd=None, remove_mountpoint=False):
+def serve(source, mountpoint, open_ms, mbps, ready_fd=None, owner_fd=None, remove_mountpoint=False,
+          ignore_interrupts=False):
     """Runs the file system in the foreground until it is unmounted.
 
     Args:
@@ -115,6 +139,9 @@ def serve(source, mountpoint, open_ms, mbps, ready_fd=None, owner_fd=None, remov
         owner_fd: Read end of a pipe held by the owner; when it reaches EOF
             (the owner died) the file system unmounts itself.
         remove_mountpoint: With ``owner_fd``, also remove the mount point then.
+        ignore_interrupts: Never cut a sleep short when its caller is
+            interrupted (a hung server): a reader killed meanwhile stays in
+            the kernel until the sleep ends or the daemon dies.
     """
     import mfusepy
 
@@ -123,7 +150,7 @@ def serve(source, mountpoint, open_ms, mbps, ready_fd=None, owner_fd=None, remov
         threading.Thread(target=_unmount_when_owner_dies, args=(owner_fd, mountpoint, owner_gone),
                          daemon=True).start()
 
-    ops = _operations(source, open_ms / 1000.0, mbps * 1e6, ready_fd)
+    ops = _operations(source, open_ms / 1000.0, mbps * 1e6, ready_fd, ignore_interrupts)
     # libfuse serves at most 10 requests at once by default: fewer than the
     # opens a parallel file system takes at once, and than 16 prefetchers.
     mfusepy.FUSE(ops, mountpoint, foreground=True, nothreads=False, ro=True, max_threads=128,
@@ -144,9 +171,10 @@ def main(argv=None):
     parser.add_argument("--ready-fd", type=int, default=None)
     parser.add_argument("--owner-fd", type=int, default=None)
     parser.add_argument("--remove-mountpoint", action="store_true")
+    parser.add_argument("--ignore-interrupts", action="store_true")
     args = parser.parse_args(argv)
     serve(args.source, args.mountpoint, args.open_ms, args.mbps, args.ready_fd, args.owner_fd,
-          args.remove_mountpoint)
+          args.remove_mountpoint, args.ignore_interrupts)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@
  * rates the benchmark's bound assumes.
  *
  * Usage: slowfsd SRC MNT [--open-ms F] [--mbps F] [--ready-fd N]
- *                [--owner-fd N] [--remove-mountpoint]
+ *                [--owner-fd N] [--remove-mountpoint] [--ignore-interrupts]
  *
  * --ready-fd: "ready\n" is written there once the kernel has answered
  *   INIT, i.e. the mount is usable, and the descriptor is closed.
@@ -17,6 +17,11 @@
  * --owner-fd: read end of a pipe held by the owner; at end-of-file (the
  *   owner died or closed it) the daemon lazily unmounts itself and, with
  *   --remove-mountpoint, removes the mount point.
+ * --ignore-interrupts: a sleeping open or read never gives up when its
+ *   caller is interrupted, as a hung server never answers: a reader killed
+ *   meanwhile stays in the kernel until the daemon answers or dies. By
+ *   default the sleep ends with EINTR once the kernel forwards the caller's
+ *   signal (FUSE_INTERRUPT), so a killed reader is gone at once.
  * Built by stager.slowfs with: cc -O2 slowfsd.c $(pkg-config --cflags --libs fuse3)
  */
 
@@ -49,6 +54,7 @@ static struct {
     int ready_fd;
     int owner_fd;
     int remove_mountpoint;
+    int ignore_interrupts;
     volatile int owner_gone;
 } opt = {.ready_fd = -1, .owner_fd = -1};
 
@@ -70,41 +76,57 @@ static double now_s(void)
 static pthread_mutex_t lateness_lock = PTHREAD_MUTEX_INITIALIZER;
 static double lateness;
 
-static void sleep_until(double deadline)
+/* The longest single nanosleep: a request the kernel interrupts is
+ * noticed within this (libfuse sets a flag; polling it needs no signal, so
+ * an interrupt that arrives before the sleep starts is not lost). */
+#define INTERRUPT_POLL_S 0.02
+
+/* Sleeps until `deadline`; -EINTR if the caller's request was interrupted
+ * meanwhile (and interrupts are honoured), else 0. */
+static int sleep_until(double deadline)
 {
     double now = now_s();
     if (deadline <= now)
-        return;
+        return 0;
     pthread_mutex_lock(&lateness_lock);
     double early = lateness;
     pthread_mutex_unlock(&lateness_lock);
     if (early > (deadline - now) / 10)
         early = (deadline - now) / 10;
-    double wake = deadline - early, seconds = wake - now;
-    struct timespec ts;
-    ts.tv_sec = (time_t)seconds;
-    ts.tv_nsec = (long)((seconds - ts.tv_sec) * 1e9);
-    while (nanosleep(&ts, &ts) == -1 && errno == EINTR)
-        ;
+    double wake = deadline - early;
+    for (;;) {
+        if (!opt.ignore_interrupts && fuse_interrupted())
+            return -EINTR;
+        double seconds = wake - now_s();
+        if (seconds <= 0)
+            break;
+        if (seconds > INTERRUPT_POLL_S)
+            seconds = INTERRUPT_POLL_S;
+        struct timespec ts;
+        ts.tv_sec = (time_t)seconds;
+        ts.tv_nsec = (long)((seconds - ts.tv_sec) * 1e9);
+        nanosleep(&ts, NULL);
+    }
     double late = now_s() - wake;
     pthread_mutex_lock(&lateness_lock);
     lateness += (late - lateness) / 16;
     pthread_mutex_unlock(&lateness_lock);
+    return 0;
 }
 
 /* Each read books the next free slot on one shared timeline, then waits
  * until its bytes would have arrived: concurrent readers share the rate. */
-static void throttle(size_t nbytes)
+static int throttle(size_t nbytes)
 {
     if (opt.bytes_per_s <= 0 || nbytes == 0)
-        return;
+        return 0;
     pthread_mutex_lock(&throttle_lock);
     double now = now_s();
     double start = free_at > now ? free_at : now;
     free_at = start + nbytes / opt.bytes_per_s;
     double done = free_at;
     pthread_mutex_unlock(&throttle_lock);
-    sleep_until(done);
+    return sleep_until(done);
 }
 
 static int full_path(char *out, const char *path)
@@ -191,8 +213,8 @@ static int sfs_open(const char *path, struct fuse_file_info *fi)
     int rc = full_path(full, path);
     if (rc)
         return rc;
-    if (opt.open_s > 0)
-        sleep_until(now_s() + opt.open_s);
+    if (opt.open_s > 0 && (rc = sleep_until(now_s() + opt.open_s)) != 0)
+        return rc;
     int fd = open(full, O_RDONLY);
     if (fd == -1)
         return -errno;
@@ -206,8 +228,8 @@ static int sfs_read(const char *path, char *buf, size_t size, off_t offset, stru
     ssize_t n = pread((int)fi->fh, buf, size, offset);
     if (n == -1)
         return -errno;
-    throttle((size_t)n);
-    return (int)n;
+    int rc = throttle((size_t)n);
+    return rc ? rc : (int)n;
 }
 
 static int sfs_release(const char *path, struct fuse_file_info *fi)
@@ -286,12 +308,14 @@ int main(int argc, char **argv)
             opt.owner_fd = (int)number(a, argv[++i]);
         else if (strcmp(a, "--remove-mountpoint") == 0)
             opt.remove_mountpoint = 1;
+        else if (strcmp(a, "--ignore-interrupts") == 0)
+            opt.ignore_interrupts = 1;
         else if (a[0] != '-' && npos < 2)
             positional[npos++] = a;
         else {
             fprintf(stderr, "slowfsd: unexpected argument '%s'\n"
                             "usage: slowfsd SRC MNT [--open-ms F] [--mbps F] [--ready-fd N] [--owner-fd N] "
-                            "[--remove-mountpoint]\n", a);
+                            "[--remove-mountpoint] [--ignore-interrupts]\n", a);
             return 2;
         }
     }

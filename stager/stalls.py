@@ -1,0 +1,57 @@
+"""What each prefetcher is waiting for, and since when: how a stalled source is noticed.
+
+An open or read on a shared file system that never returns (a hung Lustre
+OST) raises nothing and times out nowhere: the prefetcher just sits in the
+kernel. So each prefetcher publishes, before each file, which file it is on,
+for which minibatch, and since when, in a few shared-memory slots of its
+own; the node service reads them when it is idle and fails the job once one
+has waited longer than ``staging.stall_timeout_s``.
+
+A slot is written by its prefetcher only and read by the service only: the
+time is written before the file, so a read that races a write can pair a
+file with a later start (underestimating its wait), never with an earlier one.
+"""
+
+import time
+
+IDLE = -1
+
+
+class Progress:
+    """One slot per prefetcher in shared memory: ``(file index, epoch, step)`` and a start time.
+
+    Args:
+        ctx: The multiprocessing context the prefetchers are started with.
+        count: Number of prefetchers.
+    """
+
+    def __init__(self, ctx, count):
+        self._what = ctx.RawArray("q", 3 * count)  # file index (IDLE between tasks), epoch, step
+        self._since = ctx.RawArray("d", count)    # time.monotonic() (one clock for the whole host)
+        for worker in range(count):
+            self._what[3 * worker] = IDLE
+
+    def __len__(self):
+        return len(self._since)
+
+    def on(self, worker, index, epoch, step):
+        """In prefetcher ``worker``: it starts waiting for file ``index`` of minibatch (``epoch``, ``step``)."""
+        self._since[worker] = time.monotonic()
+        self._what[3 * worker + 1] = epoch
+        self._what[3 * worker + 2] = step
+        self._what[3 * worker] = index
+
+    def idle(self, worker):
+        """In prefetcher ``worker``: it waits for its next task (which cannot stall)."""
+        self._what[3 * worker] = IDLE
+
+    def stalled(self, limit_s):
+        """The prefetchers on one file for more than ``limit_s``: ``[(worker, index, epoch, step, seconds)]``."""
+        now = time.monotonic()
+        out = []
+        for worker in range(len(self)):
+            index = self._what[3 * worker]
+            waited = now - self._since[worker]
+            if index != IDLE and waited > limit_s:
+                out.append((worker, index, self._what[3 * worker + 1], self._what[3 * worker + 2], waited))
+        return out
