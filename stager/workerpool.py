@@ -26,6 +26,7 @@ import signal
 import threading
 import time
 
+from .forksafe import restore_in_child, sigterm_noted
 from .messages import worker_died
 
 log = logging.getLogger(__name__)
@@ -69,6 +70,7 @@ def _name_process(name):
 
 def _entry(target, index, writers, tasks, stop, parent, start_method, inherited, args):
     mine = writers[index]
+    restore_in_child()
     _name_process(multiprocessing.current_process().name)
     if start_method == "fork":
         for fd in inherited - {0, 1, 2, mine.fileno(), tasks._reader.fileno()}:
@@ -128,14 +130,22 @@ class WorkerPool:
         self.conns = [reader for reader, _ in pipes]
         writers = [writer for _, writer in pipes]
         self.procs = []
+        fork = ctx.get_start_method() == "fork"
         try:
-            fork = ctx.get_start_method() == "fork"
-            for i in range(count):
-                proc = ctx.Process(target=_entry, name=f"{name}-{i}", daemon=True,
-                                   args=(target, i, writers, self.tasks, self.stop_event, os.getpid(),
-                                         ctx.get_start_method(), _open_fds() - set(keep_fds) if fork else set(), args))
-                proc.start()
-                self.procs.append(proc)
+            with sigterm_noted():  # a SIGTERM meanwhile is raised here, once the workers exist
+                for i in range(count):
+                    proc = ctx.Process(target=_entry, name=f"{name}-{i}", daemon=True,
+                                       args=(target, i, writers, self.tasks, self.stop_event, os.getpid(),
+                                             ctx.get_start_method(), _open_fds() - set(keep_fds) if fork else set(),
+                                             args))
+                    proc.start()
+                    self.procs.append(proc)
+        except BaseException:
+            # Nobody will hold this pool to stop it: its workers end here.
+            for proc in self.procs:
+                proc.terminate()
+            _join_all(self.procs, 5.0)
+            raise
         finally:
             for writer in writers:
                 writer.close()  # the parent keeps only the read ends
