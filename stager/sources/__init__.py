@@ -8,7 +8,8 @@ A source is what prefetchers read and what the catalog lists. Each one:
   (relative paths, sizes, labels, modification times), run once on rank 0;
 - ``fetch(rel, size, mtime_ns, dst_root)`` puts one item into node-local
   storage through ``publish`` (temporary name, size check, rename) and
-  returns the bytes written, 0 when a matching copy was already there;
+  returns the bytes written (0 for an empty item), None when a matching
+  copy was already there;
 - ``local_root``: a directory readers can open items in when staging is
   off, or None when the items are not files; then ``open_direct(rel)``, a
   context manager, yields a path holding the item for the time of a read;
@@ -53,5 +54,5 @@ def open_source(location, dataset=None, verify="size"):
     return SOURCES[scheme].from_config(location, dataset)
 
 
-__all__ = ["Listing", "PosixSource", "S3Source", "SOURCES", "SourceChanged", "TornCopy", "already_published", "check_relpath",
-           "open_source", "publish"]
+__all__ = ["Listing", "PosixSource", "S3Source", "SOURCES", "SourceChanged", "TornCopy", "already_published",
+           "check_relpath", "open_source", "publish"]

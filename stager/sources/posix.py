@@ -9,7 +9,7 @@ import errno
 import os
 
 from ..errors import CatalogError
-from .listing import Listing, directory_labels, manifest_entries
+from .listing import Listing, directory_labels, first_duplicate, is_manifest_file, manifest_entries
 from .publish import SourceChanged, TornCopy, already_published, publish
 from .verify import check_mode, hash_file, identity
 
@@ -78,7 +78,7 @@ class PosixSource:
         made again, up to ``COPY_ATTEMPTS`` times in all.
 
         Returns:
-            Bytes copied; 0 when a matching copy was already there.
+            Bytes copied (0 for an empty file); None when a matching copy was already there.
 
         Raises:
             SourceChanged: If the source's size or modification time differs
@@ -86,7 +86,7 @@ class PosixSource:
             OSError: From the file systems (missing source, ENOSPC, ...).
         """
         if already_published(dst_root, rel, size, mtime_ns):
-            return 0
+            return None
         path = os.path.join(self.root, rel)
         torn = []
         for _ in range(COPY_ATTEMPTS):
@@ -149,10 +149,12 @@ class PosixSource:
                 lines = fh.read().splitlines()
         except OSError as exc:
             raise CatalogError(f"cannot read manifest {manifest}: {exc.strerror}") from None
-        paths, sizes, labels, mtimes = [], [], [], []
+        paths, sizes, labels, mtimes, reals, wheres = [], [], [], [], [], []
         for where, rel, label in manifest_entries(lines, manifest):
             full = os.path.join(real_root, rel)
             real = os.path.realpath(full)
+            reals.append(real)
+            wheres.append(where)
             if os.path.commonpath([real, real_root]) != real_root:
                 raise CatalogError(f"{where}: {rel!r} resolves to {real}, outside the dataset root {real_root}")
             try:
@@ -165,12 +167,18 @@ class PosixSource:
             sizes.append(st.st_size)
             mtimes.append(st.st_mtime_ns)
             labels.append(label)
+        twice = first_duplicate(reals)
+        if twice is not None:  # two names, through a symbolic link, of one file
+            i, j = twice
+            raise CatalogError(f"{wheres[j]}: {paths[j]!r} is the file {reals[j]}, already listed as {paths[i]!r} "
+                               f"at {wheres[i]}; list each sample once")
         return Listing(paths, sizes, None if labels[0] is None else labels, mtimes)
 
     def scan(self, extensions=()):
         """Scans a directory tree once.
 
-        Hidden files and directories are skipped. When every sample lies in a
+        Hidden files and directories are skipped, and so is a manifest at
+        the root (``manifest.*``, ``listing.is_manifest_file``). When every sample lies in a
         first-level subdirectory (the ImageNet layout), those directories are
         the classes: labels are their indices in sorted order.
 
@@ -220,6 +228,8 @@ class PosixSource:
                     continue
                 full = os.path.join(dirpath, name)
                 rel = os.path.relpath(full, real_root).replace(os.sep, "/")
+                if is_manifest_file(rel):
+                    continue
                 real = os.path.realpath(full)
                 if os.path.commonpath([real, real_root]) != real_root:
                     raise CatalogError(f"{full}: symbolic link to {real}, outside the dataset root {real_root}")

@@ -20,6 +20,7 @@ the second ``fstat`` from that cache and hide the change.
 """
 
 import ctypes
+import importlib
 import os
 import struct
 from typing import NamedTuple
@@ -90,7 +91,7 @@ def check_mode(mode):
         raise ConfigError(f"staging.verify must be one of {list(MODES)}, not {mode!r}")
     if mode == "xxhash":
         try:
-            import xxhash  # noqa: F401  (checked at start, so no prefetcher fails on it later)
+            importlib.import_module("xxhash")  # checked at start, so no prefetcher fails on it later
         except ImportError:
             raise ConfigError("staging.verify: xxhash needs the xxhash package: pip install xxhash "
                               "(or the stager[xxhash] extra), or choose 'size'") from None
