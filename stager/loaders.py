@@ -3,11 +3,18 @@
 Chosen by name from a small registry (``image`` lives in ``images.py``);
 ``module:function`` names a user callable that takes the file's path and
 returns the sample.
+
+An empty (zero-byte) file is a sample like any other until it is decoded:
+listed, staged and counted. ``raw`` returns it as ``b""``; every decoding
+loader (``npy``, ``hdf5``, ``image``) refuses it with the same ``EmptySample``
+error naming the file, whatever its own library would have said. A user
+callable receives it as it is.
 """
 
 import ast
 import functools
 import importlib
+import os
 
 import numpy as np
 from numpy.lib import format as npy_format
@@ -22,6 +29,13 @@ def load_raw(path, options):
 
 
 _NPY_MAGIC = b"\x93NUMPY"
+# numpy refuses (without allow_pickle) a header longer than this: parsing an
+# arbitrarily long header with literal_eval could take unbounded time and memory.
+_NPY_MAX_HEADER = getattr(npy_format, "_MAX_HEADER_SIZE", 10000)
+
+
+class EmptySample(ValueError):
+    """A decoding loader was given a zero-byte file."""
 
 
 @functools.lru_cache(maxsize=256)
@@ -56,6 +70,8 @@ def load_npy(path, options):
         else:
             lead += fh.read(2)
             size = int.from_bytes(lead[8:12], "little")
+        if size > _NPY_MAX_HEADER:
+            return np.load(path, allow_pickle=False)  # raises numpy's own error, as numpy.load would
         layout = _npy_layout(fh.read(size), "utf8" if lead[6] == 3 else "latin1")
         if layout is None:
             return np.load(path, allow_pickle=False)
@@ -124,7 +140,20 @@ def resolve_loader(spec):
 def make_loader(spec, options):
     """Returns a callable ``(path) -> sample`` for a loader spec and its options."""
     fn = resolve_loader(spec)
+    if fn == "raw":
+        return lambda path: load_raw(path, options)
     if isinstance(fn, str):
-        builtin = LOADERS[fn]
-        return lambda path: builtin(path, options)
+        return functools.partial(_decode, fn, LOADERS[fn], options)
     return fn
+
+
+def _decode(name, builtin, options, path):
+    try:
+        return builtin(path, options)
+    except Exception:
+        # Each library says something else about an empty file (EOFError,
+        # "file signature not found", "cannot identify image file"): say one thing.
+        if os.path.getsize(path) == 0:
+            raise EmptySample(f"{path} is empty (0 bytes): the {name} loader has nothing to decode; remove it "
+                              "from the dataset, or read it with loader raw") from None
+        raise

@@ -90,6 +90,7 @@ class StageTask:
 
 
 NO_SPACE = -1  # in ``Staged.done``: the local file system was full; nothing was published
+PRESENT = -2  # in ``Staged.done``: a matching copy was already there; nothing was copied
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +108,8 @@ class PeerFetch:
 class Staged:
     """A prefetcher (or peer fetch thread) finished ``task``: ``done`` holds ``(index, bytes_fetched)``.
 
-    ``bytes_fetched`` is 0 for a file already there, ``NO_SPACE`` for one the
+    ``bytes_fetched`` is ``PRESENT`` for a file already there (0 is an empty
+    file, copied like any other), ``NO_SPACE`` for one the
     local file system had no room for (the service makes room and retries).
     ``route`` says where the bytes came from: ``source`` (the shared file
     system) or ``peer`` (another node leader's copy).

@@ -129,7 +129,7 @@ class Pipeline:
             self.catalog = agreed_catalog(world.comm, self._dataset)
         spec, minibatches = self._rank_plan()
         ch, ctx = self._ch, multiprocessing.get_context(self._processes.start_method)
-        source = open_source(self.catalog.root, self._dataset)
+        source = open_source(self.catalog.root, self._dataset, self._staging.verify)
         with children_skip_mpi(self._processes.start_method):
             # Staging off: readers open the source's items in place, or have the source fetch each one.
             read_root = source.local_root or source

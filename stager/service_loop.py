@@ -20,7 +20,7 @@ import numpy as np
 
 from . import telemetry as tm
 from .cache import ABSENT, CacheFull, human
-from .messages import NO_SPACE, Bye, Fail, Failure, Hello, Need, Ready, Release, StageTask, Staged
+from .messages import NO_SPACE, PRESENT, Bye, Fail, Failure, Hello, Need, Ready, Release, StageTask, Staged
 
 _NO_SPACE_TRIES = 3  # fetches of one file that may meet a full disk before the job fails
 
@@ -275,7 +275,7 @@ class ServiceLoop:
                 telemetry.record(tm.PEER, index, nbytes, msg.epoch)
             else:
                 telemetry.record(tm.STAGED, index, nbytes, msg.epoch)
-                if nbytes and on_staged is not None:
+                if nbytes != PRESENT and on_staged is not None:  # an empty file is a file staged
                     on_staged(self.catalog.path(index), nbytes, msg.epoch)
             for request in self.waiting.pop(index, ()):
                 request.remaining -= 1

@@ -64,7 +64,7 @@ class Stats:
                 self.samples += b
                 self.stall_s += value
             elif kind == tm.STAGED:
-                if b:
+                if b >= 0:  # PRESENT (-2) is a copy found already there; 0 bytes is an empty file copied
                     self.files_staged += 1
                     self.bytes_staged += b
                     epoch = self._epoch(int(value))

@@ -13,7 +13,7 @@ kind           a                    b                   value
 =============  ===================  ==================  ==========================
 ``NEEDED``     rank's minibatch seq  files in it        0
 ``QUEUED``     first task id        tasks queued        files missing
-``STAGED``     catalog index        bytes (0: present)  epoch of the task
+``STAGED``     catalog index        bytes (-2: present) epoch of the task
 ``TASK``       task id              files in it         prefetcher seconds
 ``READY``      seq                  0                   prefetch seconds for it
 ``READ``       seq                  samples             reader seconds

@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from . import wire
 from .loaders import make_loader
-from .messages import NO_SPACE, Decoded, Failure, Staged
+from .messages import NO_SPACE, PRESENT, Decoded, Failure, Staged
 
 POLL_S = 0.5
 
@@ -37,9 +37,10 @@ def _tasks(tasks, stop, parent_pid):
 
 
 def _fetch(source, dst_root, index, rel, size, mtime_ns):
-    """``(index, bytes fetched)``, or ``(index, NO_SPACE)`` on a full disk (nothing published)."""
+    """``(index, bytes fetched)``, ``(index, PRESENT)`` for a copy already there, or ``(index, NO_SPACE)``."""
     try:
-        return index, source.fetch(rel, size, mtime_ns, dst_root)
+        fetched = source.fetch(rel, size, mtime_ns, dst_root)
+        return index, PRESENT if fetched is None else fetched
     except OSError as exc:
         if exc.errno != errno.ENOSPC:
             raise

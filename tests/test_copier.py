@@ -22,7 +22,7 @@ def test_copy_publishes_once_and_skips_a_complete_copy(tmp_path):
     assert stage_file(str(tmp_path / "src"), str(dst), "d/x.bin", 5000) == 5000
     assert (dst / "d" / "x.bin").read_bytes() == b"a" * 5000
     assert os.listdir(dst / "d") == ["x.bin"]
-    assert stage_file(str(tmp_path / "src"), str(dst), "d/x.bin", 5000) == 0
+    assert stage_file(str(tmp_path / "src"), str(dst), "d/x.bin", 5000) is None
 
 
 @pytest.fixture

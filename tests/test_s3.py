@@ -215,3 +215,16 @@ def test_stager_run_reads_a_bucket_from_the_command_line(store, tmp_path):
     assert done.returncode == 0, done.stderr
     totals = json.loads(report.read_text())
     assert totals["samples"] == SAMPLES and totals["files_staged"] == SAMPLES
+
+
+def test_a_bucket_scan_skips_its_own_manifest_and_a_manifest_listing_a_key_twice_is_refused(store):
+    objects = small_bucket(store, "stager-listed", n=12)
+    store.s3.put_object(Bucket="stager-listed", Key="manifest.tsv",
+                        Body="".join(f"{rel}\n" for rel in objects).encode())
+    source = S3Source("s3://stager-listed", store.endpoint_url)
+    assert sorted(source.scan().paths) == sorted(objects)  # manifest.tsv is no sample
+    assert source.read_manifest("manifest.tsv").paths == list(objects)
+    first = next(iter(objects))
+    store.s3.put_object(Bucket="stager-listed", Key="twice.tsv", Body=f"{first}\nc1/s0001.bin\n./{first}\n".encode())
+    with pytest.raises(CatalogError, match=rf"twice.tsv:3: '{first}' is already listed at line 1"):
+        source.read_manifest("twice.tsv")

@@ -157,6 +157,12 @@ class StagingConfig:
             open or read that does not return: a hung file system) before
             the job fails, naming the file and the prefetcher; 0 waits
             without end.
+        verify: How each copy from a file tree is checked before it is
+            published (``sources.verify``): ``none``, its byte count only;
+            ``size``, also the source's size, mtime and ctime unchanged
+            across the copy; ``xxhash``, also the copy's hash equal to a
+            second read's. A copy the source changed under is made again,
+            up to 3 times, then the job fails naming the file.
     """
 
     enabled: bool = True
@@ -170,9 +176,13 @@ class StagingConfig:
     cache_policy: str = "auto"
     peers: str = "off"
     stall_timeout_s: float = 300.0
+    verify: str = "size"
 
     def __post_init__(self):
         from ..cache import POLICIES, parse_capacity  # the registry and the rule live with the cache
+        from ..sources.verify import check_mode  # the modes live with the check
+
+        check_mode(self.verify)
 
         require(self.cache_policy == "auto" or self.cache_policy in POLICIES,
                 f"staging.cache_policy must be auto or one of {sorted(POLICIES)}, not {self.cache_policy!r}")

@@ -16,6 +16,20 @@ from ..errors import ConfigError
 from .root import Config
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping (plain YAML keeps the last silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise ConfigError(f"duplicate key {key!r} at lines {seen[key]} and {line}; give each key once")
+            seen[key] = line
+        return super().construct_mapping(node, deep)
+
+
 def merge(base, updates):
     out = dict(base)
     for key, value in updates.items():
@@ -159,7 +173,9 @@ def load_config(path=None, overrides=None):
     if path is not None:
         try:
             with open(path, encoding="utf-8") as fh:
-                data = yaml.safe_load(fh) or {}
+                data = yaml.load(fh, Loader=_UniqueKeyLoader) or {}
+        except ConfigError as exc:
+            raise ConfigError(f"{path}: {exc}") from None
         except OSError as exc:
             raise ConfigError(f"cannot read config {path}: {exc.strerror}") from None
         except yaml.YAMLError as exc:

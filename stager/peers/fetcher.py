@@ -20,7 +20,7 @@ import queue
 import threading
 import time
 
-from ..messages import NO_SPACE, Failure, Staged
+from ..messages import NO_SPACE, PRESENT, Failure, Staged
 from ..sources.publish import already_published, publish
 from .protocol import (FIRST_REPLY_TAG, MISSING, PENDING, REPLY_TAGS, Ask, PeerTimeout, ask_for, receive,
                        write_all)
@@ -73,7 +73,7 @@ class PeerFetcher:
     def _fetch(self, task):
         """Fetches a task's files; yields ``(route, done, seconds)`` per way they came (``peer``, ``source``)."""
         start = time.perf_counter()
-        present = [(f[0], 0) for f in task.files if already_published(self.root, f[1], f[2], f[3])]
+        present = [(f[0], PRESENT) for f in task.files if already_published(self.root, f[1], f[2], f[3])]
         if present:
             yield "source", present, 0.0
         todo = [f for f in task.files if not already_published(self.root, f[1], f[2], f[3])]
@@ -133,7 +133,8 @@ class PeerFetcher:
 
     def _from_source(self, rel, size, mtime_ns):
         try:
-            return self.source.fetch(rel, size, mtime_ns, self.root)
+            fetched = self.source.fetch(rel, size, mtime_ns, self.root)
+            return PRESENT if fetched is None else fetched
         except OSError as exc:
             if exc.errno != errno.ENOSPC:
                 raise

@@ -2,7 +2,10 @@
 
 from dataclasses import dataclass
 
+from ..errors import ConfigError
 from .batching import iterate
+from .order import steps_per_epoch
+from .shares import fitted_length
 from .resume import Position
 from .shuffles import DEFAULT
 
@@ -37,6 +40,20 @@ class PlanSpec:
     size: int
     start: Position = Position()
     shuffle_algorithm: str = DEFAULT
+
+    def __post_init__(self):
+        # Checked when the plan is made, before any worker starts: an epoch
+        # without a minibatch would otherwise only fail once reading begins.
+        if steps_per_epoch(self.samples, self.batch_size, self.drop_last, self.size, self.remainder):
+            return
+        fitted = fitted_length(self.samples, self.size, self.remainder)
+        if self.drop_last and fitted:
+            raise ConfigError(f"plan.drop_last is true and a minibatch of plan.batch_size {self.batch_size} on each "
+                              f"of {self.size} rank(s) takes {self.batch_size * self.size} samples, more than the "
+                              f"{fitted} of an epoch ({self.samples} in the catalog): every minibatch would be "
+                              "dropped; lower plan.batch_size or set plan.drop_last: false")
+        raise ConfigError(f"an epoch of {self.samples} samples leaves none for each of {self.size} ranks with "
+                          f"plan.remainder {self.remainder!r}; use remainder 'pad' or fewer ranks")
 
     @classmethod
     def from_config(cls, samples, plan, size=1, start=Position()):

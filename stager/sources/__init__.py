@@ -8,7 +8,8 @@ A source is what prefetchers read and what the catalog lists. Each one:
   (relative paths, sizes, labels, modification times), run once on rank 0;
 - ``fetch(rel, size, mtime_ns, dst_root)`` puts one item into node-local
   storage through ``publish`` (temporary name, size check, rename) and
-  returns the bytes written, 0 when a matching copy was already there;
+  returns the bytes written (0 for an empty item), None when a matching
+  copy was already there;
 - ``local_root``: a directory readers can open items in when staging is
   off, or None when the items are not files; then ``open_direct(rel)``, a
   context manager, yields a path holding the item for the time of a read;
@@ -22,33 +23,36 @@ They are chosen by the scheme of ``dataset.source`` from a small registry.
 from ..errors import ConfigError
 from .listing import Listing, check_relpath
 from .posix import PosixSource
-from .publish import SourceChanged, already_published, publish
+from .publish import SourceChanged, TornCopy, already_published, publish
 from .s3 import S3Source
 
 SOURCES = {"file": PosixSource, "s3": S3Source}
 
 
-def open_source(location, dataset=None):
+def open_source(location, dataset=None, verify="size"):
     """The source for ``dataset.source``: ``scheme://...``, or a plain path (a file tree).
 
     Args:
         location: ``dataset.source``.
         dataset: The ``DatasetConfig`` whose other keys a source may use
             (an object store's endpoint, requests in flight, retries), or None.
+        verify: ``staging.verify``, how a file tree's copies are checked. An
+            object store's GET is never torn (an object is replaced whole);
+            its copies are checked by Content-Length and MD5 ETag, whatever this says.
 
     Raises:
         ConfigError: For a scheme no source serves, listing those that do.
     """
     scheme, sep, rest = location.partition("://")
     if not sep:
-        return PosixSource(location)
+        return PosixSource(location, verify)
     if scheme not in SOURCES:
         raise ConfigError(f"dataset.source {location!r}: no source for scheme {scheme!r}; "
                           f"known: {', '.join(f'{s}://' for s in sorted(SOURCES))} or a plain path")
     if scheme == "file":
-        return PosixSource(rest)
+        return PosixSource(rest, verify)
     return SOURCES[scheme].from_config(location, dataset)
 
 
-__all__ = ["Listing", "PosixSource", "S3Source", "SOURCES", "SourceChanged", "already_published", "check_relpath",
-           "open_source", "publish"]
+__all__ = ["Listing", "PosixSource", "S3Source", "SOURCES", "SourceChanged", "TornCopy", "already_published",
+           "check_relpath", "open_source", "publish"]

@@ -2,7 +2,10 @@
 
 import os
 import posixpath
+from array import array
 from typing import List, NamedTuple, Optional
+
+import numpy as np
 
 from ..errors import CatalogError
 
@@ -14,6 +17,16 @@ class Listing(NamedTuple):
     sizes: List[int]
     labels: Optional[List[int]]
     mtimes: Optional[List[int]]
+
+
+def is_manifest_file(rel):
+    """Whether a scan leaves ``rel`` out as the tree's own manifest: ``manifest.*`` at the root.
+
+    A tree made by ``stager make-dataset`` (or laid out like one) holds its
+    manifest at the root; scanned with ``dataset.manifest: null``, that file
+    is a listing, not a sample.
+    """
+    return "/" not in rel and rel.startswith("manifest.")
 
 
 def check_relpath(rel, where):
@@ -38,6 +51,27 @@ def check_relpath(rel, where):
     return posixpath.normpath(rel)
 
 
+def first_duplicate(keys):
+    """``(i, j)``, ``i < j``, of the equal keys whose later one comes first; None if all differ.
+
+    Sorting 64-bit hashes keeps this to a few arrays for millions of keys,
+    where a dictionary of the keys would hold an object per entry.
+    """
+    hashes = np.fromiter((hash(k) for k in keys), dtype=np.int64, count=len(keys))
+    order = np.argsort(hashes, kind="stable")
+    same = np.flatnonzero(hashes[order][1:] == hashes[order][:-1])
+    best = None
+    for n in same:  # runs of equal hashes: compare the keys themselves (hashes may collide)
+        j = int(order[n + 1])
+        for m in range(n, -1, -1):
+            i = int(order[m])
+            if hashes[i] != hashes[j]:
+                break
+            if keys[i] == keys[j] and (best is None or j < best[1]):
+                best = (i, j)
+    return best
+
+
 def directory_labels(paths):
     """Labels from first-level directories (the ImageNet layout), or None.
 
@@ -56,6 +90,8 @@ def manifest_entries(lines, name):
 
     Blank lines and lines starting with ``#`` are skipped. Entries come one
     line at a time, so a caller checking each one reports the first bad line.
+    A path listed twice, also as an alias (``./a``, ``a//b``), is refused
+    once all lines are read: a sample is listed once (and copied once).
 
     Args:
         lines: The manifest's lines.
@@ -65,9 +101,11 @@ def manifest_entries(lines, name):
         ``(where, rel, label)``; ``label`` is None on every line or on none.
 
     Raises:
-        CatalogError: Naming the manifest line at fault, or an empty manifest.
+        CatalogError: Naming the manifest line at fault (both lines of a
+            duplicate), or an empty manifest.
     """
     labelled = None
+    rels, numbers = [], array("q")
     for number, line in enumerate(lines, 1):
         if not line.strip() or line.startswith("#"):
             continue
@@ -82,6 +120,8 @@ def manifest_entries(lines, name):
         except ValueError:
             raise CatalogError(f"{where}: label {fields[1]!r} is not an integer") from None
         yield where, rel, label  # the caller's checks of this sample come first
+        rels.append(rel)
+        numbers.append(number)
         if labelled is None:
             labelled = has_label
         elif labelled != has_label:
@@ -89,3 +129,8 @@ def manifest_entries(lines, name):
                                f"{'has' if has_label else 'has no'} label, earlier lines differ")
     if labelled is None:
         raise CatalogError(f"manifest {name} lists no samples")
+    twice = first_duplicate(rels)
+    if twice is not None:
+        i, j = twice
+        raise CatalogError(f"{name}:{numbers[j]}: {rels[j]!r} is already listed at line {numbers[i]} (paths are "
+                           "compared after removing './' and '//'); list each sample once")

@@ -9,8 +9,13 @@ import errno
 import os
 
 from ..errors import CatalogError
-from .listing import Listing, directory_labels, manifest_entries
-from .publish import SourceChanged, already_published, publish
+from .listing import Listing, directory_labels, first_duplicate, is_manifest_file, manifest_entries
+from .publish import SourceChanged, TornCopy, already_published, publish
+from .verify import check_mode, hash_file, identity
+
+# Copies of one file made before giving up on a source that keeps changing
+# under them: a writer that finished lets the second attempt through.
+COPY_ATTEMPTS = 3
 
 
 def _sendfile_all(src_fd, dst_fd):
@@ -44,12 +49,16 @@ class PosixSource:
 
     Args:
         root: The dataset root.
+        verify: How a copy is checked before it is published
+            (``staging.verify``: ``none``, ``size``, ``xxhash``; ``verify.py``).
     """
 
     scheme = "file"
 
-    def __init__(self, root):
+    def __init__(self, root, verify="size"):
+        check_mode(verify)
         self.root = os.path.abspath(root)
+        self.verify = verify
 
     @property
     def local_root(self):
@@ -65,26 +74,55 @@ class PosixSource:
 
         The copy keeps the source's modification time, so a copy left by an
         earlier run (``staging.keep``) is reused only if the source is unchanged.
+        A copy that the source changed under (``verify``) is discarded and
+        made again, up to ``COPY_ATTEMPTS`` times in all.
 
         Returns:
-            Bytes copied; 0 when a matching copy was already there.
+            Bytes copied (0 for an empty file); None when a matching copy was already there.
 
         Raises:
             SourceChanged: If the source's size or modification time differs
-                from the catalog's, or it changed during the copy.
+                from the catalog's, or it changed during every attempt.
             OSError: From the file systems (missing source, ENOSPC, ...).
         """
         if already_published(dst_root, rel, size, mtime_ns):
-            return 0
-        src_fd = os.open(os.path.join(self.root, rel), os.O_RDONLY)
+            return None
+        path = os.path.join(self.root, rel)
+        torn = []
+        for _ in range(COPY_ATTEMPTS):
+            try:
+                return self._copy(path, rel, size, mtime_ns, dst_root)
+            except TornCopy as exc:
+                torn.append(exc.strerror)
+            except SourceChanged as exc:
+                if not torn:
+                    raise
+                raise SourceChanged(errno.EIO, f"{path} changed during the copy ({torn[0]}), so the copy was not "
+                                               f"published, and now {exc.strerror}") from None
+        raise SourceChanged(errno.EIO, f"{path} changed during each of {COPY_ATTEMPTS} copies, so no copy was "
+                                       f"published ({'; '.join(torn)}); is something rewriting the dataset?")
+
+    def _copy(self, path, rel, size, mtime_ns, dst_root):
+        src_fd = os.open(path, os.O_RDONLY)
         try:
-            st = os.fstat(src_fd)
-            if st.st_size != size or (mtime_ns is not None and st.st_mtime_ns != mtime_ns):
-                raise SourceChanged(errno.EIO, f"the source changed since the catalog was made: size {st.st_size} "
-                                               f"(catalog says {size}), mtime_ns {st.st_mtime_ns} "
-                                               f"(catalog says {mtime_ns})")
+            before = identity(src_fd, fresh=self.verify != "none")
+            if before.size != size or (mtime_ns is not None and before.mtime_ns != mtime_ns):
+                raise SourceChanged(errno.EIO, f"the source changed since the catalog was made: size "
+                                               f"{before.size} (catalog says {size}), mtime_ns "
+                                               f"{before.mtime_ns} (catalog says {mtime_ns})")
+
+            def check(tmp):
+                after = identity(src_fd)
+                if after != before:
+                    raise TornCopy(errno.EIO, before.differences(after))
+                if self.verify == "xxhash":
+                    copied, again = hash_file(tmp), hash_file(path)
+                    if copied != again:
+                        raise TornCopy(errno.EIO, f"xxh3 of the copy {copied} differs from a second read's {again}")
+
             return publish(dst_root, rel, size, lambda dst_fd: _sendfile_all(src_fd, dst_fd),
-                           (st.st_atime_ns, st.st_mtime_ns))
+                           (before.mtime_ns, before.mtime_ns),
+                           None if self.verify == "none" else check)
         finally:
             os.close(src_fd)
 
@@ -111,10 +149,12 @@ class PosixSource:
                 lines = fh.read().splitlines()
         except OSError as exc:
             raise CatalogError(f"cannot read manifest {manifest}: {exc.strerror}") from None
-        paths, sizes, labels, mtimes = [], [], [], []
+        paths, sizes, labels, mtimes, reals, wheres = [], [], [], [], [], []
         for where, rel, label in manifest_entries(lines, manifest):
             full = os.path.join(real_root, rel)
             real = os.path.realpath(full)
+            reals.append(real)
+            wheres.append(where)
             if os.path.commonpath([real, real_root]) != real_root:
                 raise CatalogError(f"{where}: {rel!r} resolves to {real}, outside the dataset root {real_root}")
             try:
@@ -127,12 +167,18 @@ class PosixSource:
             sizes.append(st.st_size)
             mtimes.append(st.st_mtime_ns)
             labels.append(label)
+        twice = first_duplicate(reals)
+        if twice is not None:  # two names, through a symbolic link, of one file
+            i, j = twice
+            raise CatalogError(f"{wheres[j]}: {paths[j]!r} is the file {reals[j]}, already listed as {paths[i]!r} "
+                               f"at {wheres[i]}; list each sample once")
         return Listing(paths, sizes, None if labels[0] is None else labels, mtimes)
 
     def scan(self, extensions=()):
         """Scans a directory tree once.
 
-        Hidden files and directories are skipped. When every sample lies in a
+        Hidden files and directories are skipped, and so is a manifest at
+        the root (``manifest.*``, ``listing.is_manifest_file``). When every sample lies in a
         first-level subdirectory (the ImageNet layout), those directories are
         the classes: labels are their indices in sorted order.
 
@@ -182,6 +228,8 @@ class PosixSource:
                     continue
                 full = os.path.join(dirpath, name)
                 rel = os.path.relpath(full, real_root).replace(os.sep, "/")
+                if is_manifest_file(rel):
+                    continue
                 real = os.path.realpath(full)
                 if os.path.commonpath([real, real_root]) != real_root:
                     raise CatalogError(f"{full}: symbolic link to {real}, outside the dataset root {real_root}")

@@ -15,6 +15,10 @@ class SourceChanged(OSError):
     """The source item's size or modification time differs from the catalog's."""
 
 
+class TornCopy(SourceChanged):
+    """The source changed while it was copied: the copy is neither version (the fetch may try again)."""
+
+
 def already_published(dst_root, rel, size, mtime_ns):
     """Whether a published copy matches the catalog's size and modification time."""
     try:
@@ -24,7 +28,7 @@ def already_published(dst_root, rel, size, mtime_ns):
     return st.st_size == size and (mtime_ns is None or st.st_mtime_ns == mtime_ns)
 
 
-def publish(dst_root, rel, expected_size, fill, times_ns=None):
+def publish(dst_root, rel, expected_size, fill, times_ns=None, check=None):
     """Writes ``dst_root/rel`` through ``fill`` and publishes it atomically.
 
     Args:
@@ -34,13 +38,15 @@ def publish(dst_root, rel, expected_size, fill, times_ns=None):
         fill: Callable ``(fd) -> bytes_written`` that writes the content.
         times_ns: ``(atime_ns, mtime_ns)`` to give the copy (the source's, so
             a kept copy is reused only while the source is unchanged), or None.
+        check: Callable ``(tmp_path)`` run on the whole copy before it is
+            published, raising (``TornCopy``) to refuse it, or None.
 
     Returns:
         Bytes written.
 
     Raises:
         ValueError: For a path that would leave ``dst_root``.
-        SourceChanged: If ``fill`` wrote another number of bytes than expected.
+        TornCopy: If ``fill`` wrote another number of bytes than expected, or from ``check``.
         OSError: From the file system (ENOSPC, ...); the temporary file is
             removed first.
     """
@@ -57,8 +63,10 @@ def publish(dst_root, rel, expected_size, fill, times_ns=None):
         finally:
             os.close(fd)
         if written != expected_size:
-            raise SourceChanged(errno.EIO, f"copied {written} bytes, catalog says {expected_size}: "
+            raise TornCopy(errno.EIO, f"copied {written} bytes, catalog says {expected_size}: "
                                            "the source changed during the copy")
+        if check is not None:
+            check(tmp)
         if times_ns is not None:
             os.utime(tmp, ns=times_ns)
         os.rename(tmp, dst)

@@ -15,7 +15,7 @@ import contextlib
 import os
 
 from ..errors import CatalogError, ConfigError
-from .listing import Listing, check_relpath, directory_labels, manifest_entries
+from .listing import Listing, check_relpath, directory_labels, is_manifest_file, manifest_entries
 from .publish import already_published, publish
 from .s3io import Client, ObjectError, to_ns
 
@@ -77,7 +77,7 @@ class S3Source:
         unchanged.
 
         Returns:
-            Bytes written; 0 when a matching copy was already there.
+            Bytes written (0 for an empty object); None when a matching copy was already there.
 
         Raises:
             SourceChanged: If the object's size or Last-Modified differs from
@@ -87,7 +87,7 @@ class S3Source:
             OSError: From the local file system (ENOSPC, ...).
         """
         if already_published(dst_root, rel, size, mtime_ns):
-            return 0
+            return None
         key = self.prefix + rel
         times = None if mtime_ns is None else (mtime_ns, mtime_ns)
         return publish(dst_root, rel, size, lambda fd: self.client.get(self.bucket, key, fd, mtime_ns), times)
@@ -126,7 +126,8 @@ class S3Source:
     def scan(self, extensions=()):
         """Lists the prefix once (paginated).
 
-        Keys with a hidden component (``.name``) are skipped, and the order is
+        Keys with a hidden component (``.name``) are skipped, as is a manifest
+        at the prefix's top (``manifest.*``), and the order is
         that of a scan of the same tree on a file system, so a bucket and a
         file tree holding the same samples give the same catalog.
 
@@ -141,7 +142,7 @@ class S3Source:
         """
         found = self._objects()
         paths = sorted((rel for rel in found
-                        if not any(part.startswith(".") for part in rel.split("/"))
+                        if not any(part.startswith(".") for part in rel.split("/")) and not is_manifest_file(rel)
                         and (not extensions or rel.endswith(tuple(extensions)))),
                        key=lambda rel: rel.split("/"))
         if not paths:
