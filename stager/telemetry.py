@@ -24,16 +24,22 @@ kind           a                    b                   value
 ``USAGE``      epoch                bytes (a new peak)  0
 ``PEER``       catalog index        bytes               epoch (from a peer's copy)
 ``SERVED``     catalog index        bytes (0: missing)  the asking peer's epoch
+``FINISHED``   minibatches consumed  0                  seconds the consumer waited
 =============  ===================  ==================  ==========================
+
+``FINISHED`` is the ``next()`` that found the plan's end: with the
+``CONSUMED`` events it accounts for every moment of the consumer's loop
+(``stager.report.accounting``).
 """
 
 import threading
 import time
 from array import array
 
-NEEDED, QUEUED, STAGED, TASK, READY, READ, DELIVERED, CONSUMED, REQUEST, EVICTED, USAGE, PEER, SERVED = range(13)
+NEEDED, QUEUED, STAGED, TASK, READY, READ, DELIVERED, CONSUMED, REQUEST, EVICTED, USAGE, PEER, SERVED, \
+    FINISHED = range(14)
 KINDS = ("needed", "queued", "staged", "task", "ready", "read", "delivered", "consumed", "request", "evicted",
-         "usage", "peer", "served")
+         "usage", "peer", "served", "finished")
 
 
 class _Columns:
