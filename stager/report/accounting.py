@@ -200,7 +200,8 @@ def account(telemetry, *, rank, node, readers, prefetchers=None, loop_begin=None
 
     return {
         "rank": rank, "node": node, "wall_s": _r(wall), "wait_s": _r(wait_s), "compute_s": _r(compute_s),
-        "other_s": _r(max(wall - wait_s - compute_s, 0.0)), "steps": len(steps), "samples": samples,
+        "other_s": _r(max(wall - wait_s - compute_s, 0.0)), "before_s": _r(before),
+        "after_s": _r(max(wall - wait_s - compute_s - before, 0.0)), "steps": len(steps), "samples": samples,
         "startup_s": _r(calls[0] if calls else 0.0), "first_batch_s": _r(steps[0][0] if steps else 0.0),
         "first_wait_s": _r(first_wait), "loop_begin_s": _r(begin), "loop_end_s": _r(end),
         "stall_fraction": _r(wait_s / wall) if wall > 0 else 0.0,

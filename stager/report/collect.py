@@ -7,18 +7,20 @@ rank under ``ranks``, and the accounting (``accounting.py``) under
 """
 
 import json
+import time
 
 from .accounting import job_nodes, job_stages
 
 REPORT_VERSION = 1
 
 
-def rank_summary(pipe, wall_s, *, loop_begin=None, loop_end=None, compute_s=None, **extra):
+def rank_summary(pipe, wall_s=None, *, loop_begin=None, loop_end=None, compute_s=None, **extra):
     """This rank's totals and accounting as a JSON-ready dictionary.
 
     Args:
         pipe: The rank's ``Pipeline``.
-        wall_s: Seconds of the training loop (rates are over it).
+        wall_s: Seconds of the training loop (rates are over it); default:
+            the accounting's (first ``next()`` to ``loop_end``).
         loop_begin, loop_end: ``time.monotonic()`` at the loop's ends
             (``accounting.account``).
         compute_s: Simulated compute of the loop, if known; default: measured.
@@ -26,8 +28,9 @@ def rank_summary(pipe, wall_s, *, loop_begin=None, loop_end=None, compute_s=None
     """
     world = pipe.world
     summary = {"rank": world.rank, "node": world.node, "world_size": world.size, "nodes": world.nodes, **extra}
-    summary.update(pipe.stats.summary(wall_s))
-    summary["accounting"] = pipe.accounting(loop_begin, loop_end)
+    accounting = pipe.accounting(loop_begin, loop_end)
+    summary.update(pipe.stats.summary(accounting["wall_s"] if wall_s is None else wall_s))
+    summary["accounting"] = accounting
     summary["compute_s"] = round(summary["accounting"]["compute_s"] if compute_s is None else compute_s, 4)
     return summary
 
@@ -87,6 +90,25 @@ def job_summary(world, summary):
     total["nodes_accounting"] = job_nodes(records)
     total["per_rank"] = records
     return total
+
+
+def pipeline_report(pipe, config, path=None):
+    """A front end's ``report()``: the loop so far, gathered over the world (collective), written by rank 0.
+
+    Args:
+        pipe: The rank's running (or finished) ``Pipeline``.
+        config: The front end's ``Config`` (recorded in the report).
+        path: JSON file rank 0 writes, or None.
+
+    Returns:
+        On rank 0 the job's report, elsewhere this rank's summary.
+    """
+    summary = rank_summary(pipe, loop_end=time.monotonic(), mode="staged" if config.staging.enabled else "direct",
+                           samples_in_catalog=len(pipe.catalog), config=config.to_dict())
+    report = job_summary(pipe.world, summary)
+    if path is not None and pipe.world.rank == 0:
+        write_report(path, report)
+    return report
 
 
 def write_report(path, report):
