@@ -284,6 +284,11 @@ class StagingIterator(_chainer.dataset.Iterator):
 
     # Where the time went --------------------------------------------------
 
+    @property
+    def stats(self):
+        """The latest pipeline's ``stager.stats.Stats`` (stall time, files staged), or None."""
+        return self._last_pipe.stats if self._last_pipe is not None else None
+
     def report(self, path=None):
         """The stall report's JSON for the latest pipeline's loop, as ``stager run --report`` writes it.
 

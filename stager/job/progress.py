@@ -5,10 +5,20 @@ nothing is printed, so Slurm output files stay short: the run's summary line
 and ``--report`` say the rest.
 """
 
+import io
+import os
 import sys
 import time
 
 from tqdm import tqdm
+
+
+def _width(stream):
+    """The terminal's columns, or None where it does not say (0: a pty nobody sized)."""
+    try:
+        return os.get_terminal_size(stream.fileno()).columns or None
+    except (AttributeError, ValueError, OSError, io.UnsupportedOperation):
+        return None
 
 
 def _is_terminal(stream):
@@ -33,8 +43,11 @@ class Progress:
         stream = stream or sys.stderr
         self.enabled = enabled and _is_terminal(stream)
         self.done = 0
+        width = _width(stream) if self.enabled else None
+        # Follow the terminal's width as it changes, unless it reports none.
         self._bar = tqdm(total=total or None, desc=desc, unit=f" {unit}", file=stream, disable=not self.enabled,
-                         dynamic_ncols=True, mininterval=0.2, leave=True)
+                         dynamic_ncols=width is not None, ncols=None if width else 120, mininterval=0.2,
+                         leave=True)
 
     def update(self, n=1):
         """Adds ``n`` units of work done."""
@@ -56,7 +69,8 @@ class RunProgress(Progress):
     Args:
         total: Minibatches expected (0: unknown).
         desc: Label printed before the bar.
-        stats: The pipeline's ``Stats`` (read, never written).
+        stats: The pipeline's ``Stats`` (read, never written), or a callable
+            returning it (or None before the pipeline starts).
         enabled: False shows nothing.
         stream: Where to write; default standard error.
         every_s: Seconds between updates of the figures.
@@ -69,15 +83,20 @@ class RunProgress(Progress):
         self.begin = self._noted = time.perf_counter()
 
     def update(self, n=1):
+        first = not self.done
         super().update(n)
         now = time.perf_counter()
-        if self.enabled and now - self._noted >= self.every_s:
+        if self.enabled and (first or now - self._noted >= self.every_s):
             self._noted = now
             self.note(self.figures(now - self.begin))
+            if first:  # at once: the figures say that minibatches flow
+                self._bar.refresh()
 
     def figures(self, elapsed):
         """The line's figures after ``elapsed`` seconds: samples/s, stall %, bytes staged."""
-        s = self.stats
+        s = self.stats() if callable(self.stats) else self.stats
+        if s is None:
+            return ""
         elapsed = max(elapsed, 1e-9)
         return (f"{s.samples / elapsed:,.0f} samples/s, stall {min(s.stall_s / elapsed, 1.0):.1%}, "
                 f"staged {s.bytes_staged / 1e6:,.1f} MB")

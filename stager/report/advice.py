@@ -147,10 +147,11 @@ def judge(report):
 def _notes(report, verdict):
     wall = report["wall_s"] or 1e-9
     first = report["first_batch_s"]
-    if first > STARTUP_NOTE * wall:
-        verdict.advice.append(f"the first minibatch came {first:.2f} s after the start ({first / wall:.0%} of the "
-                              "run's wall time): short runs measure mostly the start-up; the rates above are the "
-                              "steady state's")
+    since_start = max(max(r["loop_end_s"] for r in report["per_rank"]), 1e-9)
+    if first > STARTUP_NOTE * since_start:
+        verdict.advice.append(f"the first minibatch came {first:.2f} s after the pipeline started ({first / since_start:.0%} "
+                              "of the time from start to end): start-up weighs on a run this short; the bottleneck "
+                              "above is judged on the steps after it")
     ranks = report["per_rank"]
     groups = {}
     for r in ranks:

@@ -1,7 +1,10 @@
 """A pseudo-terminal for a child's standard error: what a user at a terminal sees."""
 
+import fcntl
 import os
 import pty
+import struct
+import termios
 import threading
 
 
@@ -15,6 +18,7 @@ class Terminal:
 
     def __init__(self):
         self._master, self.slave = pty.openpty()
+        fcntl.ioctl(self.slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))  # rows, columns
         self._buf = bytearray()
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
