@@ -124,6 +124,9 @@ def main():
     for name, seconds in rows:
         print(f"| {name} | {seconds * 1e6:.1f} us | {seconds / per_batch:.3%} |")
     print(f"| **total** | **{total * 1e6:.1f} us** | **{total / per_batch:.3%}** |")
+    if compute:
+        print(f"\nagainst the compute alone ({args.compute_ms:g} ms, the shortest a minibatch can take): "
+              f"{total / compute:.3%}")
 
 
 if __name__ == "__main__":

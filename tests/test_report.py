@@ -241,3 +241,20 @@ def test_progress_line_shows_rates_on_a_terminal(tmp_path):
     final = [x for x in line if "staged run" in x and "10/10" in x]
     assert final, term.text()
     assert "samples/s" in final[-1] and "stall " in final[-1] and "staged 0.2 MB" in final[-1], final[-1]
+
+
+def test_chainer_iterator_report_accounts_for_its_epoch(slow_source, tmp_path):
+    chainer_front = pytest.importorskip("iterators.chainer", reason="Chainer is not installed (extra 'chainer')")
+    cfg = make_config(slow_source, tmp_path / "local")
+    out = tmp_path / "chainer.json"
+    with chainer_front.StagingIterator(cfg, 10, repeat=False) as it:
+        steps = 0
+        for batch in it:
+            time.sleep(0.02)  # the training step
+            steps += 1
+        report = it.report(str(out))
+        assert it.stats.batches == steps == 10
+    r = load_report(str(out))["per_rank"][0]
+    assert r["steps"] == steps and r["samples"] == 100 and r["compute_s"] >= 0.02 * (steps - 1)
+    assert abs(r["wait_s"] + r["compute_s"] + r["other_s"] - r["wall_s"]) <= 1e-3 * r["wall_s"] + 1e-5
+    assert report["stages"]["read"]["samples"] == 100

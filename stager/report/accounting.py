@@ -22,6 +22,8 @@ for the whole job, the structure the stall report and a tuner read.
 
 import math
 
+import numpy as np
+
 from .. import telemetry as tm
 
 BINS = 120          # timeline bins per rank
@@ -32,43 +34,47 @@ def _r(x):
     return round(float(x), 6)
 
 
-def _overlaps(lo, hi, width, nbins):
-    """``(bin, seconds)`` for each of ``nbins`` bins of ``width`` from 0 that [lo, hi] overlaps."""
-    lo, hi = max(lo, 0.0), min(hi, width * nbins)
-    if hi <= lo:
-        return
-    for k in range(int(lo / width), min(int(hi / width), nbins - 1) + 1):
-        seg = min(hi, (k + 1) * width) - max(lo, k * width)
-        if seg > 0:
-            yield k, seg
+def _edges(width, nbins):
+    return np.arange(nbins + 1, dtype=np.float64) * width
 
 
 def _interval_bins(intervals, width, nbins):
     """Seconds of ``(start, end)`` intervals falling in each of ``nbins`` bins of ``width`` from 0."""
-    out = [0.0] * nbins
-    for lo, hi in intervals:
-        for k, seg in _overlaps(lo, hi, width, nbins):
-            out[k] += seg
-    return out
+    if not intervals:
+        return [0.0] * nbins
+    iv = np.asarray(intervals, dtype=np.float64)
+    lo, hi = np.sort(iv[:, 0]), np.sort(np.maximum(iv[:, 1], iv[:, 0]))
+    # Busy seconds before t: sum over intervals of clip(t - lo, 0, hi - lo), from sorted ends and prefix sums.
+    edges = _edges(width, nbins)
+    clo, chi = np.concatenate(([0.0], np.cumsum(lo))), np.concatenate(([0.0], np.cumsum(hi)))
+    nlo, nhi = np.searchsorted(lo, edges), np.searchsorted(hi, edges)
+    busy = (nlo * edges - clo[nlo]) - (nhi * edges - chi[nhi])
+    return np.diff(busy).tolist()
 
 
 def _depth(changes, lo, hi, width, nbins):
     """A queue's depth from its ``(time, +n/-n)`` changes: (mean over [lo, hi], max there, per-bin mean)."""
-    depth, area, peak, t_prev = 0, 0.0, 0, 0.0
-    bins = [0.0] * nbins
-    for t, delta in sorted(changes) + [(max(hi, width * nbins), 0)]:
-        if depth and t > t_prev:
-            a, b = max(t_prev, lo), min(t, hi)
-            if b > a:
-                area += depth * (b - a)
-                peak = max(peak, depth)
-            for k, seg in _overlaps(t_prev, t, width, nbins):
-                bins[k] += depth * seg
-        t_prev = max(t_prev, t)
-        depth = max(depth + delta, 0)  # a retried task has no QUEUED of its own
-        if lo <= t <= hi:
-            peak = max(peak, depth)
-    return (area / (hi - lo) if hi > lo else 0.0), peak, [v / width for v in bins]
+    if not changes:
+        return 0.0, 0, [0.0] * nbins
+    ch = np.asarray(sorted(changes), dtype=np.float64)
+    times = ch[:, 0]
+    # A retried task has no QUEUED of its own: a depth never goes below 0.
+    depth = np.maximum(np.cumsum(ch[:, 1]), 0.0)  # from times[j] until times[j + 1]
+    area = np.concatenate(([0.0], np.cumsum(depth[:-1] * np.diff(times))))  # integral up to times[j]
+
+    def integral(t):
+        j = np.searchsorted(times, t, side="right") - 1
+        inside = j >= 0
+        jj = np.where(inside, j, 0)
+        return np.where(inside, area[jj] + depth[jj] * (t - times[jj]), 0.0)
+
+    bins = np.diff(integral(_edges(width, nbins))) / width
+    mean = float(integral(np.array([hi]))[0] - integral(np.array([lo]))[0]) / (hi - lo) if hi > lo else 0.0
+    # The largest depth held at some moment of [lo, hi].
+    after = np.append(times[1:], np.inf)
+    held = (times <= hi) & (after > lo)
+    peak = float(depth[held].max()) if held.any() else 0.0
+    return mean, peak, bins.tolist()
 
 
 def _steps_series(ends, waits, computes):
@@ -102,35 +108,26 @@ def account(telemetry, *, rank, node, readers, prefetchers=None, loop_begin=None
         A JSON-ready dictionary (described in README, "Where the time goes").
     """
     origin = telemetry.started
-    steps, reads, tasks, needed, ready, delivered, queued = [], [], [], [], [], [], []
-    finished = None
-    staged_files = staged_bytes = present = peer_files = peer_bytes = 0
-    for t, kind, a, b, value in telemetry.events():
-        if kind == "consumed":
-            steps.append((t, b, value))
-        elif kind == "read":
-            reads.append((t, b, value))
-        elif kind == "task":
-            tasks.append((t, b, value))
-        elif kind == "needed":
-            needed.append(t)
-        elif kind == "ready":
-            ready.append(t)
-        elif kind == "delivered":
-            delivered.append(t)
-        elif kind == "queued":
-            queued.append((t, b, value))
-        elif kind == "staged":
-            if b:
-                staged_files += 1
-                staged_bytes += b
-            else:
-                present += 1
-        elif kind == "peer":
-            peer_files += 1
-            peer_bytes += b
-        elif kind == "finished" and finished is None:
-            finished = (t, value)
+    t, kind, a, b, value = telemetry.arrays()
+
+    def of(k, *columns):
+        mask = kind == k
+        picked = [col[mask].tolist() for col in columns]
+        return list(zip(*picked)) if len(picked) > 1 else picked[0]
+
+    steps = of(tm.CONSUMED, t, b, value)
+    reads = of(tm.READ, t, b, value)
+    tasks = of(tm.TASK, t, b, value)
+    queued = of(tm.QUEUED, t, b, value)
+    needed, ready, delivered = of(tm.NEEDED, t), of(tm.READY, t), of(tm.DELIVERED, t)
+    finished = of(tm.FINISHED, t, value)
+    finished = finished[0] if finished else None
+    # One event per file: summed in numpy.
+    staged = b[kind == tm.STAGED]
+    staged_files, staged_bytes = int((staged > 0).sum()), int(staged.sum())
+    present = int((staged == 0).sum())
+    peer = b[kind == tm.PEER]
+    peer_files, peer_bytes = int(len(peer)), int(peer.sum())
 
     calls = [t - w for t, _, w in steps]
     if loop_begin is not None:
