@@ -163,7 +163,8 @@ def account(telemetry, *, rank, node, readers, prefetchers=None, loop_begin=None
     timeline["compute"] = [_r(v / width) for v in compute_bins]
 
     read_busy = sum(v for *_, v in reads)
-    stages = {"read": {"workers": readers, "busy_s": _r(read_busy), "batches": len(reads),
+    stages = {"read": {"workers": readers, "busy_s": _r(read_busy),
+                       "idle_s": _r(max(readers * wall - read_busy, 0.0)), "batches": len(reads),
                        "samples": sum(b for _, b, _ in reads),
                        "utilization": _r(read_busy / (readers * wall)) if readers and wall > 0 else 0.0}}
     timeline["read_busy"] = [_r(v / width / max(readers, 1))
@@ -186,7 +187,8 @@ def account(telemetry, *, rank, node, readers, prefetchers=None, loop_begin=None
         active_from = queued[0][0] if queued else 0.0
         active = max((tasks[-1][0] - active_from) if tasks else 0.0, 0.0)
         stages["prefetch"] = {
-            "workers": prefetchers, "busy_s": _r(busy), "tasks": len(tasks), "files": files,
+            "workers": prefetchers, "busy_s": _r(busy), "idle_s": _r(max(prefetchers * active - busy, 0.0)),
+            "tasks": len(tasks), "files": files,
             "files_from_source": staged_files, "bytes": staged_bytes + peer_bytes, "bytes_from_source": staged_bytes,
             "files_from_peers": peer_files, "files_present": present, "active_s": _r(active),
             "seconds_per_file": _r(busy / files) if files else 0.0,
@@ -225,14 +227,16 @@ def job_stages(records):
         workers = max(p["workers"] for p in leaders)
         spf = busy / files if files else 0.0
         out["prefetch"] = {
-            "nodes": len(leaders), "workers": workers, "busy_s": _r(busy), "tasks": sum(p["tasks"] for p in leaders),
+            "nodes": len(leaders), "workers": workers, "busy_s": _r(busy),
+            "idle_s": _r(sum(p["idle_s"] for p in leaders)), "tasks": sum(p["tasks"] for p in leaders),
             "files": files, "bytes": sum(p["bytes"] for p in leaders),
             "files_from_source": sum(p["files_from_source"] for p in leaders),
             "bytes_from_source": sum(p["bytes_from_source"] for p in leaders),
             "files_from_peers": sum(p["files_from_peers"] for p in leaders),
             "files_present": sum(p["files_present"] for p in leaders),
             "active_s": _r(max(p["active_s"] for p in leaders)),
-            "seconds_per_file": _r(spf), "bytes_per_file": _r(sum(p["bytes"] for p in leaders) / files) if files else 0.0,
+            "seconds_per_file": _r(spf),
+            "bytes_per_file": _r(sum(p["bytes"] for p in leaders) / files) if files else 0.0,
             "files_per_s": _r(sum(p["files"] / p["active_s"] for p in leaders if p["active_s"] > 0)),
             "capacity_files_per_s": _r(sum(p["workers"] for p in leaders) / spf) if spf else 0.0,
             "utilization": _r(busy / sum(p["workers"] * p["active_s"] for p in leaders))
@@ -243,6 +247,7 @@ def job_stages(records):
     capacity = sum(x["workers"] * x["samples"] / x["busy_s"] for x in reads if x["busy_s"] > 0)
     out["read"] = {
         "ranks": len(reads), "workers": max(x["workers"] for x in reads), "busy_s": _r(busy),
+        "idle_s": _r(sum(x["idle_s"] for x in reads)),
         "batches": sum(x["batches"] for x in reads), "samples": samples,
         "seconds_per_sample": _r(busy / samples) if samples else 0.0,
         "samples_per_s": _r(sum(x["samples"] / r["wall_s"] for x, r in zip(reads, records) if r["wall_s"] > 0)),

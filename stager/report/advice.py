@@ -149,9 +149,9 @@ def _notes(report, verdict):
     first = report["first_batch_s"]
     since_start = max(max(r["loop_end_s"] for r in report["per_rank"]), 1e-9)
     if first > STARTUP_NOTE * since_start:
-        verdict.advice.append(f"the first minibatch came {first:.2f} s after the pipeline started ({first / since_start:.0%} "
-                              "of the time from start to end): start-up weighs on a run this short; the bottleneck "
-                              "above is judged on the steps after it")
+        verdict.advice.append(f"the first minibatch came {first:.2f} s after the pipeline started "
+                              f"({first / since_start:.0%} of the time from start to end): start-up weighs on a run "
+                              "this short; the bottleneck above is judged on the steps after it")
     ranks = report["per_rank"]
     groups = {}
     for r in ranks:
