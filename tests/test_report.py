@@ -63,7 +63,7 @@ def runs(tmp_path_factory):
             "compute": stager_run(base / "compute", **COMPUTE_BOUND)}
 
 
-def assert_adds_up(report, rank, compute_ms, other=0.10):
+def assert_adds_up(report, rank, compute_ms, other=0.20):
     """A rank's loop: wait + compute + other = its wall time; compute is the known sleep per step."""
     r = report["per_rank"][rank]
     loop = r["wait_s"] + r["compute_s"] + r["other_s"]
@@ -73,8 +73,10 @@ def assert_adds_up(report, rank, compute_ms, other=0.10):
     # shutdown (on a node leader of several ranks: waiting for them to leave).
     assert r["other_s"] <= other * r["wall_s"], r
     known = r["steps"] * compute_ms / 1000.0
-    # A sleep never returns early; the loop's own bookkeeping adds little per step.
-    assert known <= r["compute_s"] <= known * 1.10 + 0.002 * r["steps"], (known, r["compute_s"])
+    # A sleep never returns early; the loop's own bookkeeping adds little per
+    # step, and a loaded machine wakes a sleeper late: a bound far below the
+    # waits, which would land here if the accounting mixed them up.
+    assert known <= r["compute_s"] <= known * 1.5 + 0.01 * r["steps"], (known, r)
     assert len(r["series"]["wait"]) == r["steps"]
     assert abs(sum(r["series"]["wait"]) - r["wait_s"]) <= 0.01 * r["wall_s"] + 1e-3  # plus the end's wait
     assert abs(sum(r["series"]["compute"]) - r["compute_s"]) <= 1e-3
