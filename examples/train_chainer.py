@@ -16,6 +16,7 @@ import numpy as np
 from iterators.chainer import StagingIterator, _chainer as chainer
 from stager import load_config
 from stager.job import prepare_source
+from stager.job.progress import RunProgress
 from stager.world import detect, install_abort_hook
 
 
@@ -32,6 +33,7 @@ def main():
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--out", default="result", help="directory for the trainer's log and snapshots")
+    parser.add_argument("--report", metavar="FILE.json", help="write the stall report's input ('stager report')")
     args = parser.parse_args()
 
     cfg = load_config(args.config, args.set)
@@ -50,7 +52,13 @@ def main():
             trainer.extend(chainer.training.extensions.LogReport(trigger=(1, "epoch")))
             trainer.extend(chainer.training.extensions.PrintReport(
                 ["epoch", "iteration", "main/loss", "main/accuracy", "elapsed_time"]))
+            # A live line on a terminal: samples/s, stall, bytes staged (quiet in a batch log).
+            bar = RunProgress(0, "training", lambda: train_iter.stats)
+            trainer.extend(lambda _: bar.update(), trigger=(1, "iteration"), name="stager_progress")
+            stack.callback(bar.close)
         trainer.run()
+        if args.report:
+            train_iter.report(args.report)  # collective: every rank
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from torch import nn
 from iterators.pytorch import StagedLoader
 from stager import load_config
 from stager.job import prepare_source
+from stager.job.progress import RunProgress
 from stager.world import detect, install_abort_hook
 
 
@@ -74,6 +75,7 @@ def main():
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--checkpoint", metavar="FILE", help="save after every step; resume from it if it exists")
+    parser.add_argument("--report", metavar="FILE.json", help="write the stall report's input ('stager report')")
     args = parser.parse_args()
 
     # torchrun's agent stops the other workers with SIGTERM when one fails:
@@ -105,6 +107,8 @@ def main():
         for epoch in range(first, args.epochs):
             loader.set_epoch(epoch)
             begin, seen, total = time.perf_counter(), 0, 0.0
+            # A live line on a terminal: samples/s, stall, bytes staged (quiet in a batch log).
+            bar = RunProgress(len(loader), f"epoch {epoch}", lambda: loader.stats, enabled=world.rank == 0)
             for images, labels in loader:
                 x = images.permute(0, 3, 1, 2).float().div_(255.0)  # NHWC uint8 -> NCHW float
                 loss = nn.functional.cross_entropy(model(x), labels)
@@ -115,11 +119,15 @@ def main():
                 total += loss.item() * len(labels)
                 if args.checkpoint and world.rank == 0:
                     save_checkpoint(args.checkpoint, model, optimizer, loader)
+                bar.update()
+            bar.close()
             wall = time.perf_counter() - begin
             stats = loader.stats
             if world.rank == 0:
                 print(f"epoch {epoch}: loss {total / max(seen, 1):.4f}, {seen} samples on rank 0 in {wall:.2f} s, "
                       f"waited for data {stats.stall_s:.2f} s in total", flush=True)
+        if args.report:
+            loader.report(args.report)  # collective: every rank
         if distributed:
             flat = torch.cat([p.detach().flatten() for p in model.parameters()])
             low, high = flat.clone(), flat.clone()

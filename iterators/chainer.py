@@ -77,6 +77,7 @@ class StagingIterator(_chainer.dataset.Iterator):
         self._feed = None
         self._finalizer = None
         self._finalized = False
+        self._last_pipe = None  # the latest pipeline, for report()
         if shuffle is not None and order_sampler is not None:
             raise ValueError("`shuffle` is not `None` and a custom `order_sampler` is set. Please set "
                              "`shuffle` to `None` to use the custom order sampler.")
@@ -237,7 +238,7 @@ class StagingIterator(_chainer.dataset.Iterator):
     # Pickling -------------------------------------------------------------
 
     def __getstate__(self):
-        state = {k: v for k, v in self.__dict__.items() if k not in ("_feed", "_finalizer")}
+        state = {k: v for k, v in self.__dict__.items() if k not in ("_feed", "_finalizer", "_last_pipe")}
         # A communicator does not pickle; the world is detected again instead.
         state["world"] = self.world if self.world.comm is None else None
         return state
@@ -246,6 +247,7 @@ class StagingIterator(_chainer.dataset.Iterator):
         self.__dict__.update(state)
         self._feed = None
         self._finalizer = None
+        self._last_pipe = None
         if self.world is None:
             # Under MPI this is collective: every rank unpickles its iterator.
             self.world = detect(self.config.world.mpi)
@@ -267,6 +269,7 @@ class StagingIterator(_chainer.dataset.Iterator):
         pipe = Pipeline(self.config, self.catalog, world=self.world, plan=plan, loader=self._decoder)
         feed = Feed(pipe.start(), failures, self.config.processes.shutdown_timeout_s)
         self._feed = feed
+        self._last_pipe = pipe
         # Only the feed is kept alive by the finalizer: dropping the iterator
         # without finalize() ends its processes when it is collected.
         self._finalizer = weakref.finalize(self, release, feed)
@@ -278,6 +281,35 @@ class StagingIterator(_chainer.dataset.Iterator):
         if self._feed is not None:
             self._feed.close()
             self._feed = None
+
+    # Where the time went --------------------------------------------------
+
+    @property
+    def stats(self):
+        """The latest pipeline's ``stager.stats.Stats`` (stall time, files staged), or None."""
+        return self._last_pipe.stats if self._last_pipe is not None else None
+
+    def report(self, path=None):
+        """The stall report's JSON for the latest pipeline's loop, as ``stager run --report`` writes it.
+
+        Collective under MPI: every rank calls it; rank 0 writes ``path``.
+        Call it right after the loop: the time since the last minibatch
+        counts as that step's compute. ``stager report PATH`` reads the file.
+
+        Args:
+            path: JSON file to write (rank 0), or None.
+
+        Returns:
+            On rank 0 the job's report (a dict), elsewhere this rank's summary.
+
+        Raises:
+            RuntimeError: No minibatch was taken yet.
+        """
+        if self._last_pipe is None:
+            raise RuntimeError("StagingIterator.report(): no pipeline ran yet; take minibatches first")
+        from stager.report.collect import pipeline_report
+
+        return pipeline_report(self._last_pipe, self.config, path)
 
     def finalize(self):
         """Stops the pipeline's processes; safe to call twice."""

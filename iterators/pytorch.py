@@ -115,6 +115,30 @@ class StagedLoader(IterableDataset):
         """The running pipeline's ``stager.stats.Stats`` (stall time, files staged), or None."""
         return self._pipe.stats if self._pipe is not None else None
 
+    def report(self, path=None):
+        """The stall report's JSON for the loop so far, as ``stager run --report`` writes it.
+
+        Collective under MPI or torchrun: every rank calls it; rank 0 writes
+        ``path``. Call it right after the loop (inside ``with``, before
+        ``close()``): the time since the last minibatch counts as that step's
+        compute. ``stager report PATH`` reads the file.
+
+        Args:
+            path: JSON file to write (rank 0), or None.
+
+        Returns:
+            On rank 0 the job's report (a dict), elsewhere this rank's summary.
+
+        Raises:
+            RuntimeError: No pipeline is running (not iterated yet, or closed).
+        """
+        if self._pipe is None:
+            raise RuntimeError("StagedLoader.report(): no pipeline is running; iterate the loader first and "
+                               "call report() before close()")
+        from stager.report.collect import pipeline_report
+
+        return pipeline_report(self._pipe, self.config, path)
+
     def state_dict(self):
         """The position to resume from: after the last minibatch yielded (``stager.plan.resume_state``)."""
         return planlib.resume_state(planlib.Position(self._epoch, self._position), len(self.catalog),

@@ -137,6 +137,38 @@ def _cmd_bench(args):
     return 0
 
 
+# stager report ---------------------------------------------------------------
+
+
+def _cmd_report(args):
+    from .report import load_report
+    from .report.plots import PlotsUnavailable, make_plots
+    from .report.summary import render
+
+    report = load_report(args.run)
+    plots = []
+    if not args.no_plots:
+        directory = args.plots or os.path.splitext(args.run)[0] + "-plots"
+        try:
+            plots = make_plots(report, directory)
+        except PlotsUnavailable as exc:
+            plots = [str(exc)]
+    print(render(report, plots))
+    return 0
+
+
+def _add_report_parser(sub):
+    p = sub.add_parser("report", help="where the time went in a run: stalls, the bottleneck, advice, plots",
+                       description="Read RUN.json (written by 'stager run --report' or a front end's report()) "
+                                   "and print the stall fraction, the bottleneck stage, each rank's time, the "
+                                   "time to the first minibatch and advice tied to the measured rates; draw "
+                                   "timeline.png, stalls.png and ranks.png.")
+    p.add_argument("run", metavar="RUN.json", help="the run's report")
+    p.add_argument("--plots", metavar="DIR", help="where the PNG plots go (default: RUN-plots/ beside RUN.json)")
+    p.add_argument("--no-plots", action="store_true", help="text only")
+    p.set_defaults(func=_cmd_report)
+
+
 def _ints(text):
     try:
         return [int(x) for x in text.split(",") if x]
@@ -312,6 +344,8 @@ def build_parser():
     b.add_argument("--manifest", help="read this manifest instead of scanning (relative to SRC)")
     b.add_argument("--extensions", nargs="*", default=[], help="when scanning, keep only these suffixes")
     b.set_defaults(func=_cmd_catalog)
+
+    _add_report_parser(sub)
 
     p = sub.add_parser("config", help="print the effective config (all keys, with defaults)",
                        description="Print the effective configuration as YAML: CONFIG (optional) with "

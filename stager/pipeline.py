@@ -246,6 +246,22 @@ class Pipeline:
         if self._jobdir is not None:
             self._jobdir.remove(stuck)  # only the node leader made it; elsewhere a no-op
 
+    def accounting(self, loop_begin=None, loop_end=None):
+        """Where this rank's time went so far: ``stager.report.accounting.account``'s record.
+
+        Args:
+            loop_begin: ``time.monotonic()`` when the training loop began;
+                default: its first ``next()``.
+            loop_end: ``time.monotonic()`` when it ended; default: the end
+                of the plan, else the last minibatch consumed.
+        """
+        from .report.accounting import account
+
+        leader = self._staging.enabled and self._ch.service is not None
+        return account(self.stats.telemetry, rank=self.world.rank, node=self.world.node,
+                       readers=self._reader.workers, prefetchers=self._staging.prefetchers if leader else None,
+                       loop_begin=loop_begin, loop_end=loop_end)
+
     def __enter__(self):
         return self.start()
 
@@ -268,6 +284,8 @@ class Pipeline:
         item = ch.out.get()
         stall = time.perf_counter() - begin
         if item is END or self._closed:
+            if item is END:
+                self.stats.telemetry.record(tm.FINISHED, self.stats.batches, 0, stall)
             self.close()
             raise StopIteration
         if isinstance(item, BaseException):

@@ -10,6 +10,7 @@ import subprocess
 import pytest
 
 from conftest import child_pids, stager_cmd
+from helpers.terminal import Terminal
 from stager import plan
 from stager.catalog import Catalog
 from stager.config import PlanConfig
@@ -105,14 +106,14 @@ def test_run_rejects_an_unknown_key_by_name(tmp_path):
 
 
 def sigterm_while_running(args, tmp_path, inspect=lambda proc: None):
-    """Starts ``stager ARGS``, waits until minibatches flow (the progress bar's
-    first line), calls ``inspect(proc)``, sends SIGTERM and expects a clean exit."""
-    proc = subprocess.Popen(stager_cmd(*args), stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    """Starts ``stager ARGS`` on a terminal, waits until minibatches flow (the
+    progress line's figures), calls ``inspect(proc)``, sends SIGTERM and expects a clean exit."""
+    term = Terminal()
+    proc = subprocess.Popen(stager_cmd(*args), stderr=term.slave, stdout=subprocess.PIPE, text=True,
                             env=own_tmp(tmp_path))
+    term.started()
     try:
-        for line in proc.stderr:
-            if "minibatches" in line:
-                break
+        assert term.wait_for("samples/s"), term.text()
         found = inspect(proc)
         proc.send_signal(signal.SIGTERM)  # what Slurm sends before the time limit or on preemption
         assert proc.wait(timeout=60) == 128 + signal.SIGTERM
@@ -121,7 +122,7 @@ def sigterm_while_running(args, tmp_path, inspect=lambda proc: None):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-        proc.stderr.close()
+        term.close()
         proc.stdout.close()
 
 

@@ -55,3 +55,18 @@ def test_events_recorded_by_several_threads_merge_in_time_order():
     for k in range(4):
         assert [b for _, _, a, b, _ in events if a == k] == list(range(500)), "a thread's own order is kept"
     assert log.events(kinds={tm.CONSUMED}) == []
+
+
+def test_arrays_hold_the_same_events_as_the_list_in_the_same_order(slow_source, tmp_path):
+    cfg = make_config(slow_source, tmp_path / "local")
+    with Pipeline(cfg) as pipe:
+        for _ in pipe:
+            pass
+    log = pipe.stats.telemetry
+    events = log.events()
+    t, kind, a, b, value = log.arrays()
+    assert len(t) == len(events) == len(log)
+    assert [(tm.KINDS[k], x, y) for k, x, y in zip(kind.tolist(), a.tolist(), b.tolist())] == \
+        [(e[1], e[2], e[3]) for e in events]
+    assert t.tolist() == [e[0] for e in events] and value.tolist() == [e[4] for e in events]
+    assert "finished" in {e[1] for e in events}, "the next() that found the end is recorded"

@@ -6,49 +6,17 @@ time per step, and writes the report and the records (``records.py``).
 """
 
 import contextlib
-import json
 import sys
 import time
 
 from .. import plan as planlib
 from ..catalog_file import agreed_catalog
 from ..pipeline import Pipeline
+from ..report.collect import job_summary, rank_summary, write_report
 from ..world import detect
-from .progress import Progress
+from .progress import RunProgress
 from .records import Recorder, StateFile
 from .source import prepare_source
-
-
-def _combine(summaries):
-    """Job totals from every rank's summary (gathered on rank 0)."""
-    first = summaries[0]
-    total = dict(first)
-    for key in ("batches", "samples", "files_staged", "bytes_staged", "files_present", "prefetch_busy_s",
-                "read_busy_s", "compute_s"):
-        total[key] = round(sum(s[key] for s in summaries), 4) if isinstance(first[key], float) else \
-            sum(s[key] for s in summaries)
-    total["wall_s"] = max(s["wall_s"] for s in summaries)
-    total["stall_s"] = max(s["stall_s"] for s in summaries)  # the slowest rank sets the pace
-    total["stall_fraction"] = round(total["stall_s"] / total["wall_s"], 4) if total["wall_s"] else 0.0
-    total["samples_per_s"] = round(total["samples"] / total["wall_s"], 2) if total["wall_s"] else 0.0
-    total["ranks"] = [{k: s[k] for k in ("rank", "node", "batches", "samples", "files_staged", "wall_s",
-                                         "stall_s")} for s in summaries]
-    # Only node leaders have cache counters: one table per node, and the job's per epoch.
-    total["node_cache"] = {s["node"]: s["cache"] for s in summaries if s["cache"]}
-    total["cache"] = combine_cache(total["node_cache"].values())
-    return total
-
-
-def combine_cache(tables):
-    """The job's cache counters per epoch: sums over nodes (the peak: the largest node's)."""
-    epochs = {}
-    for table in tables:
-        for row in table:
-            into = epochs.setdefault(row["epoch"], dict.fromkeys(row, 0))
-            for key, value in row.items():
-                into[key] = max(into[key], value) if key == "peak_bytes" else into[key] + value
-            into["epoch"] = row["epoch"]
-    return [epochs[e] for e in sorted(epochs)]
 
 
 def run_job(cfg, report=None, record=None, progress=True, world=None):
@@ -88,10 +56,11 @@ def run_job(cfg, report=None, record=None, progress=True, world=None):
             total = min(total, cfg.run.max_batches) if total else cfg.run.max_batches
         pipe = stack.enter_context(Pipeline(cfg, catalog, world=world, start=start,
                                             on_staged=recorder.staged if recorder else None))
-        bar = Progress(total, "staged run" if cfg.staging.enabled else "direct run", "minibatches",
-                       enabled=progress)
+        bar = RunProgress(total, "staged run" if cfg.staging.enabled else "direct run", pipe.stats,
+                          enabled=progress)
         compute_s = cfg.run.compute_ms / 1000.0
         begin = time.perf_counter()
+        loop_begin = time.monotonic()
         epochs = set()
         position = start
         try:
@@ -116,21 +85,14 @@ def run_job(cfg, report=None, record=None, progress=True, world=None):
                 state.save(position)
             else:
                 state.remove()
+        loop_end = time.monotonic()
         wall = time.perf_counter() - begin
         bar.close()
-    summary = {"mode": "staged" if cfg.staging.enabled else "direct", "epochs": len(epochs),
-               "samples_in_catalog": len(catalog), "world_size": world.size, "nodes": world.nodes,
-               "rank": world.rank, "node": world.node}
-    summary.update(pipe.stats.summary(wall))
-    summary["compute_s"] = round(compute_s * summary["batches"], 4)
+    summary = rank_summary(pipe, wall, loop_begin=loop_begin, loop_end=loop_end,
+                           compute_s=compute_s * pipe.stats.batches, mode="staged" if cfg.staging.enabled else "direct",
+                           epochs=len(epochs), samples_in_catalog=len(catalog))
     summary["config"] = cfg.to_dict()
-    if world.comm is not None:
-        gathered = world.comm.gather(summary, root=0)
-        if world.rank != 0:
-            return summary
-        summary = _combine(gathered)
-    if report:
-        with open(report, "w", encoding="utf-8") as fh:
-            json.dump(summary, fh, indent=2)
-            fh.write("\n")
+    summary = job_summary(world, summary)
+    if report and world.rank == 0:
+        write_report(report, summary)
     return summary
