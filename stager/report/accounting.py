@@ -25,6 +25,7 @@ import math
 import numpy as np
 
 from .. import telemetry as tm
+from ..messages import PRESENT
 
 BINS = 120          # timeline bins per rank
 STEPS_KEPT = 2000   # per-step series longer than this are summed in groups of ``stride`` steps
@@ -123,9 +124,11 @@ def account(telemetry, *, rank, node, readers, prefetchers=None, loop_begin=None
     finished = of(tm.FINISHED, t, value)
     finished = finished[0] if finished else None
     # One event per file: summed in numpy.
+    # PRESENT (negative) is a copy found already there; 0 bytes is an empty file copied.
     staged = b[kind == tm.STAGED]
-    staged_files, staged_bytes = int((staged > 0).sum()), int(staged.sum())
-    present = int((staged == 0).sum())
+    copied = staged[staged >= 0]
+    staged_files, staged_bytes = int(len(copied)), int(copied.sum())
+    present = int((staged == PRESENT).sum())
     peer = b[kind == tm.PEER]
     peer_files, peer_bytes = int(len(peer)), int(peer.sum())
 
