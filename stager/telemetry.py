@@ -24,6 +24,7 @@ kind           a                    b                   value
 ``USAGE``      epoch                bytes (a new peak)  0
 ``PEER``       catalog index        bytes               epoch (from a peer's copy)
 ``SERVED``     catalog index        bytes (0: missing)  the asking peer's epoch
+``RESIZED``    0 prefetch, 1 read   the pool's new size  measured seconds per item
 =============  ===================  ==================  ==========================
 """
 
@@ -32,8 +33,9 @@ import time
 from array import array
 
 NEEDED, QUEUED, STAGED, TASK, READY, READ, DELIVERED, CONSUMED, REQUEST, EVICTED, USAGE, PEER, SERVED = range(13)
+RESIZED = 13  # an ``auto`` pool changed size
 KINDS = ("needed", "queued", "staged", "task", "ready", "read", "delivered", "consumed", "request", "evicted",
-         "usage", "peer", "served")
+         "usage", "peer", "served", "resized")
 
 
 class _Columns:

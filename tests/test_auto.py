@@ -1,0 +1,125 @@
+"""``auto`` counts on real processes: pools resized mid-run, a source that gets slower."""
+
+import multiprocessing
+import multiprocessing.connection as mpc
+import os
+import time
+
+import numpy as np
+import pytest
+
+from conftest import load_catalog, make_config, stager_workers
+from stager import plan
+from stager import telemetry as tm
+from stager.job.synth import make_dataset
+from stager.messages import StageTask, Staged
+from stager.pipeline import Pipeline
+from stager.slowfs import SlowFS
+from stager.sources import PosixSource
+from stager.workerpool import RETIRED, WorkerPool
+from stager.workers import prefetcher_main
+
+
+@pytest.fixture(scope="module")
+def many_files(tmp_path_factory):
+    """800 small samples: enough minibatches for the tuner to see the source change."""
+    root = tmp_path_factory.mktemp("auto") / "data"
+    make_dataset(str(root), 800, nbytes=2048, classes=4, seed=5, progress=False)
+    return str(root)
+
+
+def _collect(pool, waiting, replies, until):
+    """Reads replies until ``until()``; returns the retirements seen."""
+    retired = 0
+    while not until():
+        ready = mpc.wait(list(pool.conns), timeout=10.0)
+        assert ready, "no prefetcher replied within 10 s"
+        for conn in ready:
+            msg = pool.receive(conn)
+            if msg is RETIRED:
+                retired += 1
+                continue
+            assert isinstance(msg, Staged), msg
+            replies.append(msg)
+            waiting.discard(msg.task)
+    return retired
+
+
+def test_a_pool_grown_and_shrunk_mid_run_loses_no_task(many_files, tmp_path):
+    """Real prefetchers copy real files while the pool grows by 3 and shrinks by 4: every task is answered once."""
+    catalog = load_catalog(make_config(many_files, tmp_path))
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    ctx = multiprocessing.get_context("fork")
+    pool = WorkerPool(ctx, "prefetch", "stager-prefetch", 2, prefetcher_main, (PosixSource(many_files), str(dest)))
+    tasks = [StageTask(t, 0, t, [(i, catalog.path(i), int(catalog.sizes[i]), catalog.mtime(i))
+                                 for i in range(4 * t, 4 * t + 4)]) for t in range(200)]
+    waiting, replies = set(), []
+    try:
+        for task in tasks[:60]:
+            pool.tasks.put(task)
+            waiting.add(task.task)
+        _collect(pool, waiting, replies, lambda: len(replies) >= 10)
+        pool.grow(3)
+        assert pool.size == 5 and len(stager_workers("stager-prefetch")) == 5
+        for task in tasks[60:130]:
+            pool.tasks.put(task)
+            waiting.add(task.task)
+        assert pool.shrink(4) == 4 and pool.size == 1
+        for task in tasks[130:]:
+            pool.tasks.put(task)
+            waiting.add(task.task)
+        retired = _collect(pool, waiting, replies, lambda: not waiting)
+        retired += _collect(pool, waiting, replies, lambda: pool.retired == 4)
+    finally:
+        pool.stop(10.0)
+    assert retired == 4 and pool.retired == 4
+    assert sorted(m.task for m in replies) == list(range(200)), "a task was lost or answered twice"
+    assert {m.worker for m in replies} & {2, 3, 4}, "the grown workers took no task"
+    for i in range(800):
+        with open(os.path.join(many_files, catalog.path(i)), "rb") as src, open(dest / catalog.path(i), "rb") as out:
+            assert src.read() == out.read()
+    assert not stager_workers("stager-prefetch")
+
+
+def test_shrink_keeps_one_worker(tmp_path):
+    ctx = multiprocessing.get_context("fork")
+    pool = WorkerPool(ctx, "prefetch", "stager-prefetch", 2, prefetcher_main,
+                      (PosixSource(str(tmp_path)), str(tmp_path)))
+    try:
+        assert pool.shrink(5) == 1 and pool.size == 1
+        assert pool.shrink(1) == 0 and pool.size == 1
+    finally:
+        pool.stop(10.0)
+
+
+def test_auto_grows_the_prefetchers_when_the_source_gets_4x_slower(many_files, tmp_path):
+    slow = SlowFS(many_files, open_ms=5.0, mbps=0)
+    with slow as mnt:
+        cfg = make_config(mnt, tmp_path / "local", dataset={"loader": "raw"}, plan={"batch_size": 8, "epochs": 1},
+                          staging={"prefetchers": "auto", "lookahead": 8}, reader={"workers": "auto"})
+        catalog = load_catalog(cfg)
+        seen, payload = [], []
+        with Pipeline(cfg, catalog) as pipe:
+            for batch in pipe:
+                seen.append((batch.epoch, batch.step, batch.indices.tolist()))
+                payload.append(batch.samples)
+                # The training step: 8 samples per 10 ms at most, a demand that
+                # ~7 prefetchers meet at 5 ms an open and ~22 at 20 ms.
+                time.sleep(0.010)
+                if len(seen) == 30:
+                    slowed_at = time.monotonic() - pipe.stats.telemetry.started
+                    slow.set(open_ms=20.0)
+            started_with = pipe._staging.prefetchers
+            resized = [(t, b) for t, _, a, b, _ in pipe.stats.telemetry.events([tm.RESIZED]) if a == 0]
+    before = [b for t, b in resized if t <= slowed_at]
+    at_slowdown = before[-1] if before else started_with
+    after = [b for t, b in resized if t > slowed_at]
+    assert after and max(after) > at_slowdown, (started_with, slowed_at, resized)
+    assert seen == [(m.epoch, m.step, m.indices.tolist()) for m in plan.iterate(len(catalog), cfg.plan)]
+    assert sorted(i for _, _, idx in seen for i in idx) == list(range(len(catalog)))
+    for (_, _, idx), samples in zip(seen, payload):
+        for i, (data, label) in zip(idx, samples):
+            with open(os.path.join(many_files, catalog.path(i)), "rb") as fh:
+                assert data == fh.read()
+            assert label == catalog.label(i)
