@@ -109,6 +109,7 @@ class PoolResizer:
         else:
             self.pool.shrink(-change)
         self.tuner.count = self.pool.size
+        self.tuner.restart(time.monotonic())  # judge the new size on a window of its own
         self.telemetry.record(tm.RESIZED, self.stage, self.pool.size, decision.per_item_s)
         log.debug("stager: %s pool now %d (demand %.1f/s, %.2f ms per item, %.0f%% busy)",
                   "prefetch" if self.stage == PREFETCH else "read", self.pool.size, decision.demand,

@@ -108,6 +108,15 @@ class Pipeline:
         self._finalizer = weakref.finalize(self, close_abandoned, self._ch, self._jobdirs)
 
     @property
+    def counts(self):
+        """``(prefetchers, readers)`` this rank started with, ``auto`` resolved (after ``start()``).
+
+        Prefetchers are the node's (its leader's pool); with ``auto`` both
+        pools may change while running (``telemetry.RESIZED`` events).
+        """
+        return self._staging.prefetchers, self._reader.workers
+
+    @property
     def closed(self):
         """Whether the pipeline was closed (by ``close()``, an error or the end of the plan)."""
         return self._closed

@@ -1,9 +1,9 @@
 """Measuring the model's rates: a short probe of the source, and a run's totals.
 
-``probe`` costs a few files: it fetches them one at a time from the source
-into a temporary directory, timing the open (when the source is a file
-system), the bytes and the publication apart, then decodes the local copies
-with the run's loader. ``from_summary`` reads what a run measured (a
+``probe`` costs a few files, read at once in threads: it times each one's
+open (when the source is a file system) and bytes apart, then fetches it
+into a temporary directory and decodes the local copy with the run's
+loader. ``from_summary`` reads what a run measured (a
 ``Stats.summary`` or ``stager run --report``'s JSON): prefetcher busy
 seconds per file, reader seconds per sample, compute per step. ``combine``
 keeps the source's latency and bandwidth from the probe and the stages'
@@ -15,6 +15,7 @@ import shutil
 import statistics
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 from ..loaders import make_loader
@@ -44,8 +45,52 @@ def machine():
     return cores, memory
 
 
+def _spin(seconds):
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def available_cores(seconds=0.3):
+    """Cores this machine gives us now: CPU seconds that one spinning process per core got, over the wall time.
+
+    On a quiet machine this is the number of cores; on a shared one that is
+    busy, less, which is what the stages will get (``machine`` counts the
+    cores only).
+    """
+    import multiprocessing
+    import resource
+
+    cores, _ = machine()
+    ctx = multiprocessing.get_context("fork")
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    begin = time.perf_counter()
+    procs = [ctx.Process(target=_spin, args=(seconds,), name="stager-probe-cpu") for _ in range(cores)]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join()
+    wall = time.perf_counter() - begin
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    used = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    return min(float(cores), used / wall) if wall > 0 else float(cores)
+
+
+def _union(intervals):
+    """Seconds covered by at least one of ``intervals`` (``(start, end)`` pairs)."""
+    total, reach = 0.0, None
+    for start, end in sorted(intervals):
+        if reach is None or start > reach:
+            total += end - start
+            reach = end
+        elif end > reach:
+            total += end - reach
+            reach = end
+    return total
+
+
 def _time_posix(root, rel):
-    """``(open_s, read_s, bytes)`` of one file read from a file system."""
+    """``(open_s, read_s, bytes, read_began, read_ended)`` of one file read from a file system."""
     path = os.path.join(root, rel)
     begin = time.perf_counter()
     fd = os.open(path, os.O_RDONLY)
@@ -59,7 +104,8 @@ def _time_posix(root, rel):
             nbytes += len(chunk)
     finally:
         os.close(fd)
-    return opened - begin, time.perf_counter() - opened, nbytes
+    ended = time.perf_counter()
+    return opened - begin, ended - opened, nbytes, opened, ended
 
 
 def probe(source, catalog, loader="npy", loader_options=None, files=PROBE_FILES, batch_size=32, compute_s=0.0,
@@ -83,33 +129,38 @@ def probe(source, catalog, loader="npy", loader_options=None, files=PROBE_FILES,
     n = len(catalog)
     stride = max(1, n // max(1, files))
     picks = sorted({(start + i * stride) % n for i in range(min(files, n))})
-    opens, reads, fetches, decodes, sizes = [], [], [], [], []
     root = source.local_root
     load = make_loader(loader, loader_options or {})
     scratch = tempfile.mkdtemp(prefix="stager-probe-")
+
+    def one(index):
+        # Each file in its own thread: the probe costs about one file's latency, not one per file.
+        rel, size = catalog.path(index), int(catalog.sizes[index])
+        timed = _time_posix(root, rel) if root is not None else None
+        begin = time.perf_counter()
+        source.fetch(rel, size, catalog.mtime(index), scratch)
+        fetched = time.perf_counter()
+        load(os.path.join(scratch, rel))
+        return timed, fetched - begin, time.perf_counter() - fetched, size
+
     try:
-        for index in picks:
-            rel, size = catalog.path(index), int(catalog.sizes[index])
-            if root is not None:
-                o, r, nbytes = _time_posix(root, rel)
-                opens.append(o)
-                reads.append(r)
-            begin = time.perf_counter()
-            source.fetch(rel, size, catalog.mtime(index), scratch)
-            fetches.append(time.perf_counter() - begin)
-            sizes.append(size)
-            begin = time.perf_counter()
-            load(os.path.join(scratch, rel))
-            decodes.append(time.perf_counter() - begin)
+        with ThreadPoolExecutor(len(picks), "stager-probe") as pool:
+            results = list(pool.map(one, picks))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+    fetches = [r[1] for r in results]
+    decodes = [r[2] for r in results]
+    sizes = [r[3] for r in results]
+    timed = [r[0] for r in results if r[0] is not None]
     fetch_s = statistics.median(fetches)
     mean_bytes = statistics.fmean(sizes)
-    if opens:
-        open_s = statistics.median(opens)
-        read_s = statistics.median(reads)
-        # A read much faster than a millisecond says nothing about a bandwidth cap.
-        bandwidth = mean_bytes / read_s if read_s > 1e-3 else 0.0
+    if timed:
+        open_s = statistics.median(t[0] for t in timed)
+        read_s = statistics.median(t[1] for t in timed)
+        # Reads sharing a capped link are active exactly while it is busy: their
+        # bytes over the time any of them was active is the shared bandwidth.
+        busy = _union([(t[3], t[4]) for t in timed])
+        bandwidth = sum(t[2] for t in timed) / busy if busy > 0 else 0.0
         copy_s = max(0.0, fetch_s - open_s - read_s)
     else:  # an object store: the request is the latency, its bytes ride with it
         open_s, bandwidth, copy_s = fetch_s, 0.0, 0.0

@@ -10,9 +10,13 @@ serve ``rate`` items a second, each keeping a worker ``t`` seconds, needs
 While running, a ``Tuner`` per pool applies the same law to what it measures
 over a window: the items asked for per second (the demand) and the worker
 seconds each item took. When the workers were nearly all busy and work was
-waiting, the demand it saw was held back by the pool itself, so it grows by a
-step instead. It shrinks only well below its size (hysteresis), so noise does
-not make it oscillate. The caller resizes the pool between minibatches.
+waiting, the demand it saw was held back by the pool itself, so it doubles
+instead. It shrinks only well below its size, after two quiet windows and by
+half at most (hysteresis), so noise does not make it oscillate. A growth
+must pay: when the items finished per second did not rise by 15%, the
+workers wait for something more workers cannot add (the CPU), so the pool
+goes back and stays at most that size until the time per item changes by
+half (the source or the load changed). The caller resizes the pool between minibatches.
 """
 
 import math
@@ -23,7 +27,7 @@ from .equations import per_file_s, predict, Settings
 HEADROOM = 1.3          # workers beyond the law's count: rates vary file to file
 PROCESS_BYTES = 64 << 20  # memory a worker process takes, for the upper bound
 MAX_PREFETCHERS = 64
-START_PER_CORE = 4      # prefetchers a core at most at start, before any demand is seen
+START_PER_CORE = 8      # prefetchers a core at most at start, before any demand is seen
 _UNBOUNDED = 1 << 30  # prefetchers enough that fetching sets no limit
 
 
@@ -103,7 +107,7 @@ class Tuner:
         min_items: Fewest items finished in a window to decide on.
     """
 
-    def __init__(self, count, low, high, window_s=0.5, min_items=8):
+    def __init__(self, count, low, high, window_s=0.25, min_items=8):
         self.count, self.low, self.high = count, low, high
         self.window_s, self.min_items = window_s, min_items
         self._since = None
@@ -111,6 +115,8 @@ class Tuner:
         self._busy_s = 0.0
         self._demand = self._per_item = None
         self._idle_windows = 0
+        self._grew = None      # (size before, items/s before) after a growth, to check it paid
+        self._ceiling = None   # (size, seconds per item) a growth beyond which did not pay
         self.outstanding = 0  # items asked for and not finished, across windows
 
     def asked(self, items, now):
@@ -126,34 +132,50 @@ class Tuner:
         self._busy_s += busy_s
         self.outstanding = max(0, self.outstanding - items)
 
+    def restart(self, now):
+        """Starts a new window at ``now``: the pool was just resized (starting workers takes time)."""
+        self._since, self._asked, self._done, self._busy_s = now, 0, 0, 0.0
+
     def decide(self, now):
         """A ``Decision`` once a window has enough to go on, else None; starts the next window."""
         if self._since is None or now - self._since < self.window_s or self._done < self.min_items:
             return None
         elapsed = now - self._since
         demand, per_item = self._asked / elapsed, self._busy_s / self._done
+        rate = self._done / elapsed
         if self._demand is not None:  # smoothed over windows: one burst must not resize the pool
             demand = (demand + self._demand) / 2
             per_item = (per_item + self._per_item) / 2
         self._demand, self._per_item = demand, per_item
         busy = self._busy_s / (self.count * elapsed)
+        if self._ceiling is not None and not 1 / 1.5 < per_item / self._ceiling[1] < 1.5:
+            self._ceiling = None  # the source or the load changed: growing may pay again
         need = _bounded(math.ceil(demand * per_item * HEADROOM), self.low, self.high)
         target = self.count
-        if busy > 0.85 and self.outstanding > self.count:
+        if self._grew is not None and rate < self._grew[1] * 1.15:
+            # The last growth did not pay (the workers wait for the CPU, not the
+            # source): back to the size before it, and no higher while rates hold.
+            target = self._grew[0]
+            self._ceiling = (self._grew[0], per_item)
+        elif busy > 0.85 and self.outstanding > self.count:
             # Held back by its own size: the demand it saw is what it let through.
-            target = _bounded(max(need, math.ceil(self.count * 1.5)), self.low, self.high)
+            target = max(need, 2 * self.count)
             self._idle_windows = 0
         elif need > self.count:
             target = need
             self._idle_windows = 0
         elif need < 0.6 * self.count and busy < 0.5:
-            # Shrink only after two quiet windows in a row, and by a quarter at most.
+            # Shrink only after two quiet windows in a row, and by half at most.
             self._idle_windows += 1
             if self._idle_windows >= 2:
-                target = max(need, math.floor(self.count * 0.75), self.low)
+                target = max(need, math.ceil(self.count / 2), self.low)
                 self._idle_windows = 0
         else:
             self._idle_windows = 0
+        if self._ceiling is not None and target > self.count:
+            target = max(self.count, min(target, self._ceiling[0]))
+        target = _bounded(target, self.low, self.high)
+        self._grew = (self.count, rate) if target > self.count else None
         self.count = target
         self._since, self._asked, self._done, self._busy_s = now, 0, 0, 0.0
         return Decision(target, demand, per_item, busy)
