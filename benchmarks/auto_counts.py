@@ -22,6 +22,8 @@ import time
 
 from stager import telemetry as tm
 from stager.config import config_from_dict
+from stager.model import machine
+from stager.model.calibrate import available_cores
 from stager.job.synth import MANIFEST, make_dataset
 from stager.pipeline import Pipeline
 from stager.slowfs import SlowFS
@@ -63,6 +65,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     tmp = tempfile.mkdtemp(prefix="stager-auto-bench-")
     results = []
+    free_before = available_cores()
     try:
         root = os.path.join(tmp, "data")
         make_dataset(root, args.samples, args.bytes, 10, 0, progress=False)
@@ -81,6 +84,7 @@ def main(argv=None):
             results.append({"source": name, "open_ms": open_ms, "fixed": fixed, "best": best, "worst": worst,
                             "auto": {"samples_per_s": rate, "stall": stall, "prefetchers_at_end": p_end,
                                      "readers_at_end": r_end}})
+        free_after = available_cores()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     bound = 1000 / args.compute_ms * args.batch_size
@@ -100,6 +104,11 @@ def main(argv=None):
     print("|---|" + "---:|" * (len(PREFETCHERS) * len(READERS)))
     for res in results:
         print(f"| {res['source']} | " + " | ".join(f"{f['samples_per_s']:.0f}" for f in res["fixed"]) + " |")
+    cores = machine()[0]
+    print(f"\ncores free (spinning one process a core for 0.3 s): {free_before:.2f} of {cores} before, "
+          f"{free_after:.2f} after")
+    if min(free_before, free_after) < 0.9 * cores:
+        print("WARNING: other work took the cores meanwhile; these figures describe a busy machine")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump(results, fh, indent=2)

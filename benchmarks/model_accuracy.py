@@ -27,7 +27,8 @@ from stager import plan as planlib
 from stager.catalog import Catalog
 from stager.config import config_from_dict
 from stager.job.synth import MANIFEST, make_dataset
-from stager.model import Settings, cache_misses, from_summary, predict, predict_run, probe
+from stager.model import Settings, cache_misses, from_summary, machine, predict, predict_run, probe
+from stager.model.calibrate import available_cores
 from stager.model.whatif import capacity_bytes
 from stager.pipeline import Pipeline
 from stager.slowfs import SlowFS
@@ -126,6 +127,7 @@ def main(argv=None):
         with slow:
             catalog = Catalog.load(config_from_dict({"dataset": {"source": slow.mountpoint,
                                                                  "manifest": MANIFEST}}).dataset)
+            free_before = available_cores()
             base = probe(PosixSource(slow.mountpoint), catalog, "npy", batch_size=args.batch_size,
                          compute_s=CALIBRATION.compute_ms / 1000.0)
             summary, _ = measure(slow, CALIBRATION, root, local, args.batch_size, args.samples)
@@ -142,6 +144,7 @@ def main(argv=None):
                              "error": round((rate - measured) / measured, 4) if measured else None,
                              "predicted_stall": round(stall, 3), "measured_stall": round(summary["steady_stall"], 3),
                              "bottleneck": bottleneck})
+            free_after = available_cores()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"calibration ({CALIBRATION.prefetchers} prefetchers, {CALIBRATION.readers} reader, "
@@ -159,6 +162,11 @@ def main(argv=None):
               f"{r['error']:+.1%} | {r['predicted_stall']:.0%} | {r['measured_stall']:.0%} | {r['bottleneck']} |")
     worst = max(abs(r["error"]) for r in rows)
     print(f"\nlargest error: {worst:.1%} (target: within 15% at each setting)")
+    cores = machine()[0]
+    print(f"cores free (spinning one process a core for 0.3 s): {free_before:.2f} of {cores} before, "
+          f"{free_after:.2f} after")
+    if min(free_before, free_after) < 0.9 * cores:
+        print("WARNING: other work took the cores meanwhile; these figures describe a busy machine")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump({"rates": rates.to_dict(), "rows": rows}, fh, indent=2)
