@@ -112,7 +112,7 @@ def predicted(rates, case, cfg):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--samples", type=int, default=1024, help="samples in the dataset (default 1024)")
+    parser.add_argument("--samples", type=int, default=2048, help="samples in the dataset (default 2048)")
     parser.add_argument("--bytes", type=int, default=65536, help="bytes per sample (default 64 KiB)")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--json", metavar="FILE", help="also write every figure as JSON")
