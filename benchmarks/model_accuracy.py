@@ -153,7 +153,8 @@ def main(argv=None):
     print(f"calibration ({CALIBRATION.prefetchers} prefetchers, {CALIBRATION.readers} reader, "
           f"{CALIBRATION.open_ms:g} ms opens, {CALIBRATION.compute_ms:g} ms compute): open "
           f"{rates.open_s * 1000:.2f} ms, prefetcher {rates.copy_s * 1000:.2f} ms/file, reader "
-          f"{rates.read_s * 1000:.3f} ms/file, rank process {rates.main_s * 1000:.3f} ms/sample, {rates.cores:g} cores; "
+          f"{rates.read_s * 1000:.3f} ms/file, rank process {rates.main_s * 1000:.3f} ms/sample, "
+          f"{rates.cores:g} cores; "
           f"{args.samples} samples of {args.bytes // 1024} KiB, batch {args.batch_size}\n")
     print("| setting | prefetchers | readers | open ms | MB/s | compute ms | cache | predicted samples/s | "
           "measured samples/s | error | predicted stall | measured stall | bottleneck |")
@@ -161,7 +162,8 @@ def main(argv=None):
     for r in rows:
         print(f"| {r['case']} | {r['prefetchers']} | {r['readers']} | {r['open_ms']:g} | "
               f"{r['mbps'] or 'unlimited'} | {r['compute_ms']:g} | {r['capacity']}"
-              f"{', %d epochs' % r['epochs'] if r['epochs'] > 1 else ''} | {r['predicted']:.0f} | {r['measured']:.0f} | "
+              f"{', %d epochs' % r['epochs'] if r['epochs'] > 1 else ''} | {r['predicted']:.0f} | "
+              f"{r['measured']:.0f} | "
               f"{r['error']:+.1%} | {r['predicted_stall']:.0%} | {r['measured_stall']:.0%} | {r['bottleneck']} |")
     worst = max(abs(r["error"]) for r in rows)
     print(f"\nlargest error: {worst:.1%} (target: within 15% at each setting)")

@@ -12,12 +12,13 @@ from conftest import load_catalog, make_config, stager_workers
 from stager import plan
 from stager import telemetry as tm
 from stager.job.synth import make_dataset
-from stager.messages import StageTask, Staged
-from stager.pipeline import Pipeline
+from stager.messages import Decoded, ReadTask, StageTask, Staged
+from stager.pipeline import Pipeline, _more_rings
 from stager.slowfs import SlowFS
 from stager.sources import PosixSource
 from stager.workerpool import RETIRED, WorkerPool
-from stager.workers import prefetcher_main
+from stager.wire import Ring
+from stager.workers import prefetcher_main, reader_main
 
 
 @pytest.fixture(scope="module")
@@ -80,6 +81,48 @@ def test_a_pool_grown_and_shrunk_mid_run_loses_no_task(many_files, tmp_path):
         with open(os.path.join(many_files, catalog.path(i)), "rb") as src, open(dest / catalog.path(i), "rb") as out:
             assert src.read() == out.read()
     assert not stager_workers("stager-prefetch")
+
+
+def test_readers_grown_mid_run_decode_through_their_own_rings(many_files, tmp_path):
+    """A grown reader pool (rings made first, as auto does) delivers every minibatch once with the source's arrays."""
+    catalog = load_catalog(make_config(many_files, tmp_path))
+    ctx = multiprocessing.get_context("fork")
+    rings = [Ring()]
+    pool = WorkerPool(ctx, "read", "stager-read", 1, reader_main, (many_files, "npy", {}, rings),
+                      keep_fds=rings[0].fds, recv=lambda i, conn: rings[i].recv(conn), owned=rings)
+    got = {}
+
+    def task(seq):
+        return ReadTask(seq, 0, seq, [(catalog.path(i), catalog.label(i)) for i in range(8 * seq, 8 * seq + 8)])
+
+    try:
+        for seq in range(10):
+            pool.tasks.put(task(seq))
+        keep, owned = _more_rings(rings, 2)
+        pool.grow(2, keep, owned)
+        assert len(rings) == 3 and pool.size == 3
+        for seq in range(10, 40):
+            pool.tasks.put(task(seq))
+        pool.shrink(2)
+        retired = 0
+        while len(got) < 40 or retired < 2:
+            ready = mpc.wait(list(pool.conns), timeout=10.0)
+            assert ready, "no reader replied within 10 s"
+            for conn in ready:
+                msg = pool.receive(conn)
+                if msg is RETIRED:
+                    retired += 1
+                    continue
+                assert isinstance(msg, Decoded) and msg.seq not in got, msg
+                got[msg.seq] = (msg.worker, [(np.array(x), y) for x, y in msg.samples])
+    finally:
+        pool.stop(10.0)
+    assert sorted(got) == list(range(40)) and pool.retired == 2
+    assert {w for w, _ in got.values()} & {1, 2}, "the grown readers decoded nothing"
+    for seq, (_, samples) in got.items():
+        for i, (data, label) in zip(range(8 * seq, 8 * seq + 8), samples):
+            assert np.array_equal(data, np.load(os.path.join(many_files, catalog.path(i))))
+            assert label == catalog.label(i)
 
 
 def test_shrink_keeps_one_worker(tmp_path):

@@ -157,11 +157,11 @@ def probe(source, catalog, loader="npy", loader_options=None, files=PROBE_FILES,
     if timed:
         # Waiting for a core only ever adds to a latency: the quickest open is the source's.
         open_s = min(t[0] for t in timed)
-        read_s = statistics.median(t[1] for t in timed)
         # Reads sharing a capped link are active exactly while it is busy: their
         # bytes over the time any of them was active is the shared bandwidth.
         busy = _union([(t[3], t[4]) for t in timed])
         bandwidth = sum(t[2] for t in timed) / busy if busy > 0 else 0.0
+        # The fetch opens and reads again, then writes and publishes: the rest is its own cost.
         copy_s = max(0.0, min(fetches) - open_s - min(t[1] for t in timed))
     else:  # an object store: the request is the latency, its bytes ride with it
         open_s, bandwidth, copy_s = fetch_s, 0.0, 0.0
