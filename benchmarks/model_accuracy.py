@@ -134,6 +134,8 @@ def main(argv=None):
             base = probe(PosixSource(slow.mountpoint), catalog, "npy", batch_size=args.batch_size,
                          compute_s=CALIBRATION.compute_ms / 1000.0)
             summary, _ = measure(slow, CALIBRATION, root, local, args.batch_size, args.samples)
+            # The run's costs per file are wall times, waiting for a core included: the cores
+            # are the machine's, not those free now, or a busy machine's waits would count twice.
             rates = from_summary(summary, base)
             rows = []
             for case in CASES:

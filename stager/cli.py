@@ -188,7 +188,7 @@ def _cmd_whatif(args):
     print(f"calibration: open {rates.open_s * 1000:.2f} ms, "
           f"{'unlimited' if not rates.bandwidth else f'{rates.bandwidth / 1e6:.0f} MB/s'}, prefetcher "
           f"{rates.copy_s * 1000:.2f} ms/file, reader {rates.read_s * 1000:.2f} ms/file, compute "
-          f"{rates.compute_s * 1000:.1f} ms/step, {rates.file_bytes / 1e3:.0f} kB/file, {rates.cores:g} cores")
+          f"{rates.compute_s * 1000:.1f} ms/step, {rates.file_bytes / 1e3:.0f} kB/file, {rates.cores:g} cores free")
     rows = whatif.grid(rates, args.prefetchers or [1, 2, 4, 8, 16], args.readers or [max(1, int(rates.cores))],
                        args.open_ms or [None], args.mbps or [None], args.compute_ms or [None],
                        args.capacity or [None], catalog, plan_cfg, ahead)

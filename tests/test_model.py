@@ -148,7 +148,7 @@ def test_whatif_probes_a_config_and_predicts_capacities(dataset, tmp_path):
     out = subprocess.run(stager_cmd("whatif", str(cfg), "--prefetchers", "2", "--capacity", "50%,100%",
                                     "--save", str(tmp_path / "cal.json")),
                          capture_output=True, text=True, check=True).stdout
-    assert "| 50% |" in out and "| 100% |" in out
+    assert "| 50% |" in out and "| 100% |" in out and "cores" in out
     assert json.loads((tmp_path / "cal.json").read_text())["open_s"] >= 0.0045
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from .. import plan as planlib
 from ..cache import parse_capacity
 from ..errors import ConfigError
-from .calibrate import from_summary, probe
+from .calibrate import available_cores, from_summary, probe
 from .equations import Rates, Settings, predict, predict_run
 from .misses import cache_misses
 
@@ -73,6 +73,11 @@ def calibrated(cfg, report=None, compute_ms=None):
         rates = probe(source, catalog, cfg.dataset.loader,
                       {"hdf5_key": cfg.dataset.hdf5_key, "layout": cfg.dataset.layout},
                       batch_size=cfg.plan.batch_size, compute_s=compute_s)
+        if not report:
+            # The probe's costs are its quickest (no wait for a core in them): the cores are
+            # those the machine gives now (all of them when quiet). A run's costs are wall
+            # times that include such waits, so with a report the cores stay the machine's.
+            rates = replace(rates, cores=round(available_cores(), 2))
         if report:
             try:
                 with open(report, encoding="utf-8") as fh:
