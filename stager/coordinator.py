@@ -25,8 +25,8 @@ import numpy as np
 
 from . import telemetry as tm
 from .messages import Consumed, Decoded, Failure, Need, ReadTask, Ready, Release
-from .workerpool import RETIRED
 from .stats import BatchTimes
+from .workerpool import RETIRED
 
 END = object()  # on the out queue: the plan is done, or the pipeline closes
 
