@@ -40,12 +40,13 @@ def count_limits(rates, max_prefetchers=MAX_PREFETCHERS):
 
     Readers decode: more than the cores only queue for them. Prefetchers
     mostly wait: beyond the count that fills the source's bandwidth they add
-    nothing. Both together must fit in half the available memory.
+    nothing (allowed twice that, for the probe's error). Both together must fit in half the available memory.
     """
     readers = max(1, int(rates.cores))
     prefetchers = max_prefetchers
     if rates.bandwidth > 0 and rates.file_bytes > 0:
-        prefetchers = min(prefetchers, math.ceil(per_file_s(rates) * rates.bandwidth / rates.file_bytes) + 1)
+        # Twice the count that fills the bandwidth: eight files read at once can underestimate it.
+        prefetchers = min(prefetchers, math.ceil(2 * per_file_s(rates) * rates.bandwidth / rates.file_bytes) + 1)
     if rates.memory:
         room = max(2, int(rates.memory / 2 // PROCESS_BYTES))
         readers = min(readers, max(1, room // 4))
