@@ -193,6 +193,42 @@ def _cmd_catalog(args):
     return 0
 
 
+def _floats(text):
+    try:
+        return [float(x) for x in text.split(",") if x]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected numbers separated by commas, got {text!r}") from None
+
+
+def _cmd_whatif(args):
+    from .model import whatif
+
+    if args.calibration and (args.config or args.report):
+        raise StagerError("stager whatif: give a CONFIG to probe (and --report) or --calibration, not both")
+    if not args.calibration and not args.config:
+        raise StagerError("stager whatif: give a CONFIG whose source to probe, or --calibration FILE.json")
+    catalog = plan_cfg = None
+    if args.calibration:
+        rates, ahead = whatif.load_rates(args.calibration), 16
+    else:
+        cfg = load_config(args.config, args.set)
+        with whatif.calibrated(cfg, args.report, args.compute_ms[0] if args.compute_ms else None) as (rates, catalog,
+                                                                                                       cfg):
+            # As the pipeline counts its window: the look-ahead, or the readers' own if longer.
+            plan_cfg, ahead = cfg.plan, max(cfg.staging.lookahead, cfg.reader.ahead or 2 * max(args.readers or [2]))
+    if args.save:
+        whatif.save_rates(rates, args.save)
+    print(f"calibration: open {rates.open_s * 1000:.2f} ms, "
+          f"{'unlimited' if not rates.bandwidth else f'{rates.bandwidth / 1e6:.0f} MB/s'}, prefetcher "
+          f"{rates.copy_s * 1000:.2f} ms/file, reader {rates.read_s * 1000:.2f} ms/file, compute "
+          f"{rates.compute_s * 1000:.1f} ms/step, {rates.file_bytes / 1e3:.0f} kB/file, {rates.cores:g} cores free")
+    rows = whatif.grid(rates, args.prefetchers or [1, 2, 4, 8, 16], args.readers or [max(1, int(rates.cores))],
+                       args.open_ms or [None], args.mbps or [None], args.compute_ms or [None],
+                       args.capacity or [None], catalog, plan_cfg, ahead)
+    print(whatif.markdown(rows))
+    return 0
+
+
 def _cmd_config(args):
     cfg = load_config(args.config, args.set)
     sys.stdout.write(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
@@ -346,6 +382,23 @@ def build_parser():
     b.set_defaults(func=_cmd_catalog)
 
     _add_report_parser(sub)
+    p = sub.add_parser("whatif", help="predict throughput and stall for other counts, sources and caches",
+                       description="Calibrate the model (a probe of a few files of CONFIG's source, refined "
+                                   "by a run's --report), or read a saved calibration, and print its predictions "
+                                   "for every combination of the values given.")
+    p.add_argument("config", nargs="?", help="YAML config whose source to probe")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", default=[])
+    p.add_argument("--report", metavar="RUN.json", help="a stager run --report whose totals refine the calibration")
+    p.add_argument("--calibration", metavar="FILE.json", help="a calibration saved with --save")
+    p.add_argument("--save", metavar="FILE.json", help="write the calibration")
+    p.add_argument("--prefetchers", type=_ints, help="prefetcher counts (default 1,2,4,8,16)")
+    p.add_argument("--readers", type=_ints, help="reader counts (default: the cores)")
+    p.add_argument("--open-ms", type=_floats, help="latencies per open (default: measured)")
+    p.add_argument("--mbps", type=_floats, help="bandwidths in MB/s, 0 unlimited (default: measured)")
+    p.add_argument("--compute-ms", type=_floats, help="compute per step (default: the report's or run.compute_ms)")
+    p.add_argument("--capacity", type=lambda t: [x for x in t.split(",") if x],
+                   help="cache capacities: bytes (500M) or a share of the dataset (50%%); needs CONFIG")
+    p.set_defaults(func=_cmd_whatif)
 
     p = sub.add_parser("config", help="print the effective config (all keys, with defaults)",
                        description="Print the effective configuration as YAML: CONFIG (optional) with "

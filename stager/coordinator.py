@@ -26,6 +26,7 @@ import numpy as np
 from . import telemetry as tm
 from .messages import Consumed, Decoded, Failure, Need, ReadTask, Ready, Release
 from .stats import BatchTimes
+from .workerpool import RETIRED
 
 END = object()  # on the out queue: the plan is done, or the pipeline closes
 
@@ -68,6 +69,8 @@ class Channels:
         client: Connection to the node's staging service, or None (direct reading).
         client_lock: Serialises sends on ``client`` (coordinator and closer).
         service: The node's ``StagingService`` on the node leader, else None.
+        read_resizer: With ``reader.workers: auto``, the readers'
+            ``autocounts.PoolResizer``, else None.
     """
 
     def __init__(self, wake):
@@ -78,6 +81,7 @@ class Channels:
         self.client = None
         self.client_lock = threading.Lock()
         self.service = None
+        self.read_resizer = None
 
     def send(self, msg):
         """Sends ``msg`` to the node's service."""
@@ -127,8 +131,11 @@ class Coordinator:
     def _loop(self):
         ch = self.ch
         readers = ch.readers
-        waitables = list(readers.conns) + [ch.wake.conn] + ([ch.client] if self.staging else [])
+        others = [ch.wake.conn] + ([ch.client] if self.staging else [])
+        waitables = list(readers.conns) + others
         while not ch.halt.is_set():
+            if ch.read_resizer is not None and ch.read_resizer.resize():
+                waitables = list(readers.conns) + others  # between minibatches: nothing is half read
             self.schedule()
             if self.exhausted and self.emit_ptr == self.next_seq:
                 ch.out.put(END)
@@ -149,6 +156,11 @@ class Coordinator:
                                       message="the node's staging service (on local rank 0) is gone")
                 else:
                     msg = readers.receive(source)
+                    if msg is RETIRED:
+                        waitables.remove(source)
+                        continue
+                    if isinstance(msg, Decoded) and ch.read_resizer is not None:
+                        ch.read_resizer.finished(1, msg.seconds)
                 if self.handle(msg):
                     return
 
@@ -176,6 +188,8 @@ class Coordinator:
             self.staged.discard(self.read_ptr)
             files = [(catalog.path(i), catalog.label(i)) for i in mb.indices]
             ch.readers.tasks.put(ReadTask(self.read_ptr, mb.epoch, mb.step, files))
+            if ch.read_resizer is not None:
+                ch.read_resizer.asked(1)
             self.read_ptr += 1
 
     def handle(self, msg):

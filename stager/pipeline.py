@@ -20,7 +20,9 @@ import multiprocessing.connection as mpc
 import threading
 import time
 import weakref
+from dataclasses import replace
 
+from . import autocounts
 from . import plan as planlib
 from . import telemetry as tm
 from .cache import Cache, check_window, policy_name, resolve_capacity
@@ -41,6 +43,13 @@ from .workers import reader_main
 from .world import agree, detect, split_leaders
 
 __all__ = ["Batch", "Pipeline"]
+
+
+def _more_rings(rings, count):
+    """Shared memory for ``count`` more readers (an ``auto`` pool growing): ``(keep_fds, owned)``."""
+    new = [Ring() for _ in range(count)]
+    rings.extend(new)  # reader i uses rings[i]; the pool's indices only grow
+    return [fd for r in new for fd in r.fds], new
 
 
 class Pipeline:
@@ -79,6 +88,7 @@ class Pipeline:
         self._dataset, self._plan_cfg = config.dataset, config.plan
         self._staging, self._reader, self._processes = config.staging, config.reader, config.processes
         self._world_cfg = config.world
+        self._auto = None  # with an auto count, the probe's model.Rates (after start)
         self.world = world
         self.catalog = catalog
         self.stats = Stats()
@@ -97,6 +107,15 @@ class Pipeline:
         # An abandoned pipeline is closed by the collector: the finaliser holds
         # what closing needs, never the pipeline itself.
         self._finalizer = weakref.finalize(self, close_abandoned, self._ch, self._jobdirs)
+
+    @property
+    def counts(self):
+        """``(prefetchers, readers)`` this rank started with, ``auto`` resolved (after ``start()``).
+
+        Prefetchers are the node's (its leader's pool); with ``auto`` both
+        pools may change while running (``telemetry.RESIZED`` events).
+        """
+        return self._staging.prefetchers, self._reader.workers
 
     @property
     def closed(self):
@@ -124,12 +143,23 @@ class Pipeline:
         if self.world is None:
             self.world = detect(self._world_cfg.mpi, self._world_cfg.backend)
         world = self.world
-        check_worker_counts(self._staging, self._reader, world.local_size, world.node_leader)
         if self.catalog is None:
             self.catalog = agreed_catalog(world.comm, self._dataset)
         spec, minibatches = self._rank_plan()
         ch, ctx = self._ch, multiprocessing.get_context(self._processes.start_method)
         source = open_source(self.catalog.root, self._dataset, self._staging.verify)
+        auto_prefetch, auto_read = (autocounts.is_auto(self._staging.prefetchers),
+                                    autocounts.is_auto(self._reader.workers))
+        shared = world.node_comm is not None and world.local_size > 1
+        self._staging, self._reader, self._auto = autocounts.resolve(
+            self._staging, self._reader, self._dataset, getattr(spec, "batch_size", self._plan_cfg.batch_size),
+            self.catalog, source, world.node_comm if shared else None)
+        # The counts as they start (auto ones resolved), before any worker or directory exists.
+        check_worker_counts(self._staging, self._reader, world.local_size, world.node_leader)
+        if auto_read and not self._reader.ahead:
+            # Room to hand a grown pool work: as far ahead as its largest size would read.
+            self._reader = replace(self._reader, ahead=2 * max(self._reader.workers,
+                                                               autocounts.reader_limit(self._auto)))
         with children_skip_mpi(self._processes.start_method):
             # Staging off: readers open the source's items in place, or have the source fetch each one.
             read_root = source.local_root or source
@@ -140,7 +170,8 @@ class Pipeline:
                 self._jobdir = JobDir(self._staging, self.catalog.root, agreed_job_id(self._staging, world), world)
                 self._jobdirs.append(self._jobdir)
                 self.local_dir = self._jobdir.path
-                read_root = self._connect_service(ctx, source, spec, self._join_peers())
+                read_root = self._connect_service(ctx, source, spec, self._join_peers(),
+                                                  autocounts.prefetcher_limit(self._auto) if auto_prefetch else None)
                 ch.send(Hello(world.rank, spec))
             rings = [Ring() for _ in range(self._reader.workers)]
             ch.readers = WorkerPool(ctx, "read", "stager-read", self._reader.workers, reader_main,
@@ -148,6 +179,10 @@ class Pipeline:
                                      {"hdf5_key": self._dataset.hdf5_key, "layout": self._dataset.layout}, rings),
                                     keep_fds=[fd for r in rings for fd in r.fds],
                                     recv=lambda i, conn: rings[i].recv(conn), owned=rings)
+            if auto_read:
+                ch.read_resizer = autocounts.PoolResizer(ch.readers, autocounts.READ,
+                                                         autocounts.reader_limit(self._auto), self.stats.telemetry,
+                                                         before_grow=lambda count: _more_rings(rings, count))
         read_ahead = self._reader.ahead or 2 * self._reader.workers
         coordinator = Coordinator(ch, minibatches, self.catalog, self.stats.telemetry, self._ahead(), read_ahead)
         self._coordinator = threading.Thread(target=coordinator.run, name="stager-coordinator", daemon=True)
@@ -177,7 +212,7 @@ class Pipeline:
                               "the job under mpiexec or srun, or set staging.peers: off")
         return split_leaders(world)
 
-    def _connect_service(self, ctx, source, spec, peer_link):
+    def _connect_service(self, ctx, source, spec, peer_link, auto_limit=None):
         """Starts (leader) or joins (other ranks) the node's staging service.
 
         Args:
@@ -185,6 +220,7 @@ class Pipeline:
             source: The ``Source`` the prefetchers fetch from.
             spec: This rank's plan description, or None.
             peer_link: ``world.split_leaders``'s result (``staging.peers``), or None.
+            auto_limit: With ``staging.prefetchers: auto``, the most the pool may grow to.
 
         Returns:
             The node-local directory to read staged files from.
@@ -206,7 +242,7 @@ class Pipeline:
                 peers.keep_in(cache)
             ch.service = StagingService(self._staging, self._processes, self.catalog, source, path, ranks - 1,
                                         self.stats.telemetry, cache, self._on_staged, self._jobdir.keep_open(),
-                                        peers)
+                                        peers, auto_limit)
             ch.client = ch.service.start(ctx)
             return path, ch.service.address, ch.service.authkey
 

@@ -27,6 +27,7 @@ import queue
 import secrets
 import threading
 
+from .autocounts import PREFETCH, PoolResizer
 from .messages import Failure
 from .service_loop import ServiceLoop
 from .stalls import Progress
@@ -66,10 +67,12 @@ class StagingService:
             from the source.
         keep_fds: Descriptors the prefetchers keep open (see ``WorkerPool``).
         peers: The node leader's ``peers.Peers`` (``staging.peers``), or None.
+        auto_limit: With ``staging.prefetchers: auto``, the most prefetchers
+            the pool may grow to while running; None: a fixed count.
     """
 
     def __init__(self, staging, processes, catalog, source, local_dir, remote_clients, telemetry, cache,
-                 on_staged=None, keep_fds=(), peers=None):
+                 on_staged=None, keep_fds=(), peers=None, auto_limit=None):
         self.staging = staging
         self.cache = cache
         self.shutdown_timeout_s = processes.shutdown_timeout_s
@@ -81,6 +84,8 @@ class StagingService:
         self.on_staged = on_staged
         self.keep_fds = keep_fds
         self.peers = peers
+        self.auto_limit = auto_limit
+        self.resizer = None  # an autocounts.PoolResizer with auto_limit
         self.address = _socket_address(local_dir) if remote_clients else None
         self.authkey = secrets.token_bytes(32)
         self.pool = None
@@ -98,9 +103,12 @@ class StagingService:
         Returns:
             The leader's own client connection.
         """
-        self.progress = Progress(ctx, self.staging.prefetchers)
+        # The board has a row for every prefetcher an ``auto`` pool may grow to.
+        self.progress = Progress(ctx, max(self.staging.prefetchers, self.auto_limit or 0))
         self.pool = WorkerPool(ctx, "prefetch", "stager-prefetch", self.staging.prefetchers, prefetcher_main,
                                (self.source, self.local_dir, self.progress), self.keep_fds)
+        if self.auto_limit:
+            self.resizer = PoolResizer(self.pool, PREFETCH, self.auto_limit, self.telemetry)
         if self.peers is not None:
             self.peers.start()
         if self.remote_clients:

@@ -20,7 +20,9 @@ import numpy as np
 
 from . import telemetry as tm
 from .cache import ABSENT, CacheFull, human
+from .deadlines import DeadlineQueue
 from .messages import NO_SPACE, PRESENT, Bye, Fail, Failure, Hello, Need, Ready, Release, StageTask, Staged
+from .workerpool import RETIRED
 
 _NO_SPACE_TRIES = 3  # fetches of one file that may meet a full disk before the job fails
 
@@ -77,26 +79,33 @@ class ServiceLoop:
         self.peak = 0
         self.failed = None       # the Failure sent to clients, once staging failed
         self.next_stall_check = 0.0
+        self.deadlines = DeadlineQueue(service.pool.tasks.put)
 
     def run(self):
         s = self.s
-        pool_conns = list(s.pool.conns) + ([s.peers.conn] if s.peers is not None else [])
-        from_pool = set(pool_conns)
+        peer_conns = [s.peers.conn] if s.peers is not None else []
+        dead = set()  # prefetchers' pipes that reached end-of-file
         while not s.halted() and (self.clients or self.joined < s.remote_clients):
-            for obj in mpc.wait(self.clients + pool_conns + [s.wake.conn], timeout=1.0):
+            # The pool's pipes are read afresh each turn: an ``auto`` pool grows and shrinks.
+            pool_conns = [c for c in s.pool.conns if c not in dead]
+            for obj in mpc.wait(self.clients + pool_conns + peer_conns + [s.wake.conn], timeout=1.0):
                 if obj is s.wake.conn:
                     s.wake.recv()
                     self.admit_clients()
                 elif s.peers is not None and obj is s.peers.conn:
                     self.on_reply(obj.recv())
-                elif obj in from_pool:
+                elif obj in s.pool.by_conn:
                     msg = s.pool.receive(obj)
+                    if msg is RETIRED:
+                        continue
                     if isinstance(msg, Failure) and msg.cause == "WorkerDied":
-                        pool_conns.remove(obj)
+                        dead.add(obj)
                     self.on_reply(msg)
                 else:
                     self.on_client(obj)
             self.check_stalls()
+            if s.resizer is not None and self.failed is None and s.resizer.resize():
+                self.deadlines.feed(s.pool.size)
 
     def check_stalls(self):
         """Fails the job once a prefetcher has waited more than ``staging.stall_timeout_s`` for one file.
@@ -109,8 +118,12 @@ class ServiceLoop:
         if not limit or self.failed is not None or now < self.next_stall_check:
             return
         self.next_stall_check = now + min(1.0, limit / 4)
-        for worker, index, epoch, step, waited in self.s.progress.stalled(limit):
-            proc = self.s.pool.procs[worker]
+        progress = self.s.progress
+        for slot, index, epoch, step, waited in progress.stalled(limit):
+            procs = [proc for worker, proc in self.s.pool.by_conn.values() if progress.slot(worker) == slot]
+            if not procs:
+                continue  # its worker retired (an auto pool shrank) between the file and now
+            proc = procs[0]
             rel = self.catalog.path(index)
             self.fail(Failure("prefetch", proc.name, epoch, step, rel, "Stalled",
                               f"{proc.name} (pid {proc.pid}) has waited {waited:.0f} s for "
@@ -206,14 +219,17 @@ class ServiceLoop:
         first, count = self.next_task, len(missing)
         if s.peers is not None:
             missing = self.ask_peers(request, missing)
-        for chunk in split_tasks(missing, s.staging.prefetchers, s.staging.files_per_task):
+        for chunk in split_tasks(missing, s.pool.size, s.staging.files_per_task):
             task = self.next_task
             self.next_task += 1
             files = [(int(i), self.catalog.path(i), int(self.catalog.sizes[i]), self.catalog.mtime(i))
                      for i in chunk]
-            s.pool.tasks.put(StageTask(task, request.epoch, request.step, files))
+            self.deadlines.push(request.seq, task, StageTask(task, request.epoch, request.step, files))
             self.task_time[task] = None
             request.tasks.append(task)
+        self.deadlines.feed(s.pool.size)
+        if s.resizer is not None:
+            s.resizer.asked(len(missing))
         s.telemetry.record(tm.QUEUED, first, self.next_task - first, count)
 
     def ask_peers(self, request, missing):
@@ -261,6 +277,11 @@ class ServiceLoop:
         telemetry, cache = self.s.telemetry, self.cache
         if msg.task in self.task_time:
             self.task_time[msg.task] = msg.seconds
+        if msg.route != "peer":
+            self.deadlines.done(msg.task)
+            self.deadlines.feed(self.s.pool.size)
+            if self.s.resizer is not None:
+                self.s.resizer.finished(len(msg.done), msg.seconds)
         telemetry.record(tm.TASK, msg.task, len(msg.done), msg.seconds)
         on_staged = self.s.on_staged
         full = [index for index, nbytes in msg.done if nbytes == NO_SPACE]
@@ -308,7 +329,7 @@ class ServiceLoop:
             return
         self.remove(victims)
         cache.fetching(indices)
-        for chunk in split_tasks(indices, self.s.staging.prefetchers, self.s.staging.files_per_task):
+        for chunk in split_tasks(indices, self.s.pool.size, self.s.staging.files_per_task):
             task = self.next_task
             self.next_task += 1
             files = [(int(i), self.catalog.path(i), int(cache.sizes[i]), self.catalog.mtime(i)) for i in chunk]
@@ -319,6 +340,7 @@ class ServiceLoop:
     def fail(self, failure, skip=None):
         """Tells every client (but ``skip``) why staging stopped; later requests get the same answer."""
         self.failed = failure
+        self.deadlines.clear()
         self.waiting.clear()
         self.task_time.clear()
         self.admitting.clear()

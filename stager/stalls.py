@@ -34,8 +34,19 @@ class Progress:
     def __len__(self):
         return len(self._since)
 
+    def slot(self, worker):
+        """The slot of prefetcher ``worker``.
+
+        An ``auto`` pool gives each worker it starts a new index, so after
+        shrinking and growing, indices pass the board's size; the board is
+        made with room for the pool's largest size, and live workers' indices
+        rarely meet modulo it.
+        """
+        return worker % len(self._since)
+
     def on(self, worker, index, epoch, step):
         """In prefetcher ``worker``: it starts waiting for file ``index`` of minibatch (``epoch``, ``step``)."""
+        worker = self.slot(worker)
         self._since[worker] = time.monotonic()
         self._what[3 * worker + 1] = epoch
         self._what[3 * worker + 2] = step
@@ -43,10 +54,10 @@ class Progress:
 
     def idle(self, worker):
         """In prefetcher ``worker``: it waits for its next task (which cannot stall)."""
-        self._what[3 * worker] = IDLE
+        self._what[3 * self.slot(worker)] = IDLE
 
     def stalled(self, limit_s):
-        """The prefetchers on one file for more than ``limit_s``: ``[(worker, index, epoch, step, seconds)]``."""
+        """The slots on one file for more than ``limit_s``: ``[(slot, index, epoch, step, seconds)]``."""
         now = time.monotonic()
         out = []
         for worker in range(len(self)):

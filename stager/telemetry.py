@@ -25,6 +25,7 @@ kind           a                    b                   value
 ``PEER``       catalog index        bytes               epoch (from a peer's copy)
 ``SERVED``     catalog index        bytes (0: missing)  the asking peer's epoch
 ``FINISHED``   minibatches consumed  0                  seconds the consumer waited
+``RESIZED``    0 prefetch, 1 read   the pool's new size  measured seconds per item
 =============  ===================  ==================  ==========================
 
 ``FINISHED`` is the ``next()`` that found the plan's end: with the
@@ -37,9 +38,9 @@ import time
 from array import array
 
 NEEDED, QUEUED, STAGED, TASK, READY, READ, DELIVERED, CONSUMED, REQUEST, EVICTED, USAGE, PEER, SERVED, \
-    FINISHED = range(14)
+    FINISHED, RESIZED = range(15)
 KINDS = ("needed", "queued", "staged", "task", "ready", "read", "delivered", "consumed", "request", "evicted",
-         "usage", "peer", "served", "finished")
+         "usage", "peer", "served", "finished", "resized")
 
 
 class _Columns:

@@ -80,7 +80,7 @@ def _entry(target, index, writers, tasks, stop, parent, start_method, inherited,
                 pass  # the listing's own descriptor, closed already
     else:
         for j, writer in enumerate(writers):
-            if j != index:
+            if j != index and writer is not None:  # a pool grown later hands over only its own
                 writer.close()
     # Ctrl-C reaches the whole process group; the parent alone decides how to
     # shut down, so a worker must not die mid-copy with a KeyboardInterrupt.
@@ -122,6 +122,10 @@ class WorkerPool:
 
     def __init__(self, ctx, stage, name, count, target, args, keep_fds=(), recv=None, owned=()):
         self.stage = stage
+        self._start_args = (ctx, name, target, args, list(keep_fds))  # for grow()
+        self._retiring = 0
+        self._next_index = count
+        self.retired = 0
         self._owned = list(owned)
         self._recv = recv or (lambda index, conn: conn.recv())
         self.tasks = ctx.Queue()
@@ -163,6 +167,8 @@ class WorkerPool:
             return self._recv(index, conn)
         except (EOFError, OSError):
             proc.join(1.0)
+            if self._retiring and proc.exitcode == 0:
+                return self._retire(conn, proc)
             return worker_died(self.stage, proc)
 
     def stop(self, timeout_s):
@@ -219,6 +225,80 @@ class WorkerPool:
         self.tasks.close()
         self.procs = []
         return stuck
+
+
+    # Resizing (``auto`` counts) ---------------------------------------------
+
+    @property
+    def size(self):
+        """Workers that will go on taking tasks (running, less those told to retire)."""
+        return len(self.procs) - self._retiring
+
+    def grow(self, count, keep_fds=(), owned=()):
+        """Starts ``count`` more workers on the same task queue.
+
+        A new worker's index follows every index used so far, so a target
+        that keeps per-worker state by index (a reader's ``rings[worker]``)
+        must have appended it before the call; its descriptors go in
+        ``keep_fds`` and the objects the pool closes at the end in ``owned``.
+        The caller adds the new ``conns`` to what it waits on.
+
+        Returns:
+            The new workers' reply connections.
+        """
+        ctx, name, target, args, keep = self._start_args
+        keep.extend(keep_fds)
+        self._owned.extend(owned)
+        fork = ctx.get_start_method() == "fork"
+        new = []
+        for _ in range(count):
+            index = self._next_index
+            self._next_index += 1
+            reader, writer = ctx.Pipe(duplex=False)
+            writers = [None] * index + [writer]
+            try:
+                proc = ctx.Process(target=_entry, name=f"{name}-{index}", daemon=True,
+                                   args=(target, index, writers, self.tasks, self.stop_event, os.getpid(),
+                                         ctx.get_start_method(), _open_fds() - set(keep) if fork else set(),
+                                         args))
+                proc.start()
+            except BaseException:
+                reader.close()
+                raise
+            finally:
+                writer.close()
+            self.conns.append(reader)
+            self.procs.append(proc)
+            self.by_conn[reader] = (index, proc)
+            new.append(reader)
+        return new
+
+    def shrink(self, count):
+        """Tells ``count`` workers to leave once the tasks queued before now are taken.
+
+        One ``None`` per worker goes on the shared queue behind the tasks
+        already there, so no task is lost: whichever worker takes a ``None``
+        has replied for everything it took before, and its pipe's end-of-file
+        is then read by ``receive`` as a retirement, not a death. At least
+        one worker always stays.
+        """
+        count = max(0, min(count, self.size - 1))
+        self._retiring += count
+        for _ in range(count):
+            self.tasks.put(None)
+        return count
+
+    def _retire(self, conn, proc):
+        self._retiring -= 1
+        self.retired += 1
+        self.procs.remove(proc)
+        self.conns.remove(conn)
+        del self.by_conn[conn]
+        conn.close()
+        return RETIRED
+
+
+RETIRED = object()  # what ``receive`` returns for a worker that left after ``shrink``: stop waiting on it
 
 
 class Wake:

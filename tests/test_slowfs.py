@@ -103,6 +103,34 @@ def test_readers_share_the_bandwidth(engine, tree):
     assert elapsed >= 0.27, elapsed
 
 
+def test_the_owner_changes_the_latency_while_mounted(engine, tree):
+    root, payload = tree
+
+    def open_s(path):
+        begin = time.perf_counter()
+        with open(path, "rb") as fh:
+            assert fh.read() == payload["a.bin"]
+        return time.perf_counter() - begin
+
+    fs = SlowFS(str(root), open_ms=0, mbps=0, engine=engine)
+    with fs as mnt:
+        path = os.path.join(mnt, "a.bin")
+        open_s(path)
+        fs.set(open_ms=40)
+        # Nothing is acknowledged: the daemon reads the line within moments;
+        # once one open pays the new latency, every later one must.
+        tries = 0
+        while open_s(path) < 0.034:
+            tries += 1
+            assert tries < 500, "the new latency never took effect"
+        later = [open_s(path) for _ in range(5)]
+        with pytest.raises(ValueError, match="open-ms must not be negative"):
+            fs.set(open_ms=-1)
+    assert min(later) >= 0.034, later
+    with pytest.raises(RuntimeError, match="needs a mounted SlowFS"):
+        fs.set(open_ms=1)
+
+
 def test_mount_ends_itself_when_its_owner_is_killed(engine, tree):
     root, _ = tree
     owner = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""

@@ -7,7 +7,7 @@ dictionary, ``Config.replace``).
 
 import multiprocessing
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import List, Optional, Union
 
 from ..errors import ConfigError
 
@@ -15,6 +15,12 @@ from ..errors import ConfigError
 def path_field(default=None):
     """A path-valued key: relative paths in a YAML file are resolved against the file's directory."""
     return field(default=default, metadata={"path": True})
+
+
+def check_count(value, key):
+    """A process count: an int of at least 1, or ``auto`` (chosen by the model at start, adjusted while running)."""
+    require(value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1),
+            f"{key} must be a number of at least 1 or 'auto', not {value!r}")
 
 
 def require(ok, message):
@@ -134,7 +140,10 @@ class StagingConfig:
             ``$TMPDIR``, then ``/tmp``.
         job_id: Name of this job's directory under local_dir. None:
             ``$SLURM_JOB_ID``, else a generated id.
-        prefetchers: Prefetcher processes.
+        prefetchers: Prefetcher processes of the node, or ``auto``: chosen
+            at start from a probe of the source and this machine's cores and
+            memory (``stager.model``), then grown or shrunk while running as
+            the measured rates change.
         lookahead: Minibatches staged ahead of the one being consumed.
         files_per_task: Files a prefetcher copies per task; 0 = a
             minibatch's missing files spread over all prefetchers, so the
@@ -168,7 +177,7 @@ class StagingConfig:
     enabled: bool = True
     local_dir: Optional[str] = path_field(None)
     job_id: Optional[str] = None
-    prefetchers: int = 4
+    prefetchers: Union[int, str] = 4
     lookahead: int = 16
     files_per_task: int = 0
     keep: bool = False
@@ -190,7 +199,7 @@ class StagingConfig:
         require(not (self.capacity and self.cache_policy == "unbounded"),
                 "staging.cache_policy 'unbounded' cannot keep to staging.capacity; choose clairvoyant, lru, fifo, "
                 "minio or none (or auto)")
-        require(self.prefetchers >= 1, "staging.prefetchers must be at least 1")
+        check_count(self.prefetchers, "staging.prefetchers")
         require(self.lookahead >= 1, "staging.lookahead must be at least 1")
         require(self.files_per_task >= 0, "staging.files_per_task must be 0 (automatic) or more")
         require(self.peers in ("off", "partition"), f"staging.peers must be 'off' or 'partition', not {self.peers!r}")
@@ -203,15 +212,16 @@ class ReaderConfig:
     """Turning staged files into decoded minibatches (stage 3).
 
     Attributes:
-        workers: Reader processes.
+        workers: Reader processes of each rank, or ``auto`` (as
+            ``staging.prefetchers``).
         ahead: Minibatches decoded ahead of the consumer; 0 = 2 x workers.
     """
 
-    workers: int = 2
+    workers: Union[int, str] = 2
     ahead: int = 0
 
     def __post_init__(self):
-        require(self.workers >= 1, "reader.workers must be at least 1")
+        check_count(self.workers, "reader.workers")
         require(self.ahead >= 0, "reader.ahead must be 0 (auto) or more")
 
 

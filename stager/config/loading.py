@@ -44,7 +44,8 @@ def _type_name(tp):
     origin = typing.get_origin(tp)
     if origin is typing.Union:
         inner = [a for a in typing.get_args(tp) if a is not type(None)]
-        return f"{_type_name(inner[0])} or null"
+        names = " or ".join(_type_name(a) for a in inner)
+        return f"{names} or null" if len(inner) < len(typing.get_args(tp)) else names
     if origin in (list, List):
         return f"list of {_type_name(typing.get_args(tp)[0])}"
     return tp.__name__
@@ -53,13 +54,15 @@ def _type_name(tp):
 def _coerce(value, tp, key):
     origin = typing.get_origin(tp)
     if origin is typing.Union:
-        if value is None:
+        if value is None and type(None) in typing.get_args(tp):
             return None
-        inner = [a for a in typing.get_args(tp) if a is not type(None)][0]
-        try:
-            return _coerce(value, inner, key)
-        except ConfigError:
-            raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r} ({type(value).__name__})") from None
+        # The alternatives in order: ``Union[int, str]`` keeps a number a number.
+        for inner in (a for a in typing.get_args(tp) if a is not type(None)):
+            try:
+                return _coerce(value, inner, key)
+            except ConfigError:
+                pass
+        raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r} ({type(value).__name__})")
     if origin in (list, List):
         if not isinstance(value, list):
             raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")

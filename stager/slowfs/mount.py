@@ -225,6 +225,28 @@ class SlowFS:
     def __exit__(self, *exc_info):
         self.close()
 
+    def set(self, open_ms=None, mbps=None):
+        """Changes the latency per open and the bandwidth cap while mounted.
+
+        The daemon reads the change from the owner's pipe and applies it to
+        opens and reads that start after it has read it (within a
+        millisecond or so; nothing is acknowledged).
+
+        Args:
+            open_ms: New latency per open in milliseconds; None keeps it.
+            mbps: New shared bandwidth cap in MB/s (0: none); None keeps it.
+        """
+        if self._proc is None:
+            raise RuntimeError("slowfs: set() needs a mounted SlowFS")
+        lines = []
+        for name, value in (("open-ms", open_ms), ("mbps", mbps)):
+            if value is not None:
+                if value < 0:
+                    raise ValueError(f"slowfs: {name} must not be negative, got {value}")
+                lines.append(f"{name} {float(value)!r}\n")
+                setattr(self, name.replace("-", "_"), value)
+        os.write(self._owner, "".join(lines).encode())
+
     def close(self):
         """Unmounts and ends the daemon; safe to call twice."""
         if self._proc is None:

@@ -35,13 +35,13 @@ def _sleep(seconds, interrupted):
 class _Throttle:
     """A shared bandwidth cap: each read waits for its slot on one timeline."""
 
-    def __init__(self, bytes_per_s, interrupted):
+    def __init__(self, bytes_per_s):
         self.rate = bytes_per_s
-        self.interrupted = interrupted
         self.lock = threading.Lock()
         self.free_at = time.monotonic()
 
-    def take(self, nbytes):
+    def take(self, nbytes, interrupted):
+        """Waits until ``nbytes`` would have arrived; EINTR if the caller is interrupted meanwhile."""
         if self.rate <= 0:
             return
         with self.lock:
@@ -51,10 +51,32 @@ class _Throttle:
             done = self.free_at
         delay = done - time.monotonic()
         if delay > 0:
-            _sleep(delay, self.interrupted)
+            _sleep(delay, interrupted)
 
 
-def _operations(root, open_s, bytes_per_s, ready_fd, ignore_interrupts=False):
+class _Settings:
+    """The latency and bandwidth in force; the owner may change them while mounted."""
+
+    def __init__(self, open_s, bytes_per_s):
+        self.open_s = open_s
+        self.throttle = _Throttle(bytes_per_s)
+
+    def apply(self, line):
+        """Applies one ``open-ms F`` or ``mbps F`` line from the owner's pipe."""
+        try:
+            name, value = line.split()
+            value = float(value)
+        except ValueError:
+            return
+        if value < 0:
+            return
+        if name == "open-ms":
+            self.open_s = value / 1000.0
+        elif name == "mbps":
+            self.throttle.rate = value * 1e6
+
+
+def _operations(root, settings, ready_fd, ignore_interrupts=False):
     # mfusepy is imported here so that importing stager never needs libfuse.
     import mfusepy
 
@@ -68,7 +90,6 @@ def _operations(root, open_s, bytes_per_s, ready_fd, ignore_interrupts=False):
 
         def __init__(self):
             self.root = os.path.realpath(root)
-            self.throttle = _Throttle(bytes_per_s, interrupted)
 
         def _full(self, path):
             return os.path.join(self.root, path.lstrip("/"))
@@ -100,13 +121,14 @@ def _operations(root, open_s, bytes_per_s, ready_fd, ignore_interrupts=False):
         def open(self, path, flags):
             if flags & (os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_TRUNC | os.O_CREAT):
                 raise mfusepy.FuseOSError(errno.EROFS)
+            open_s = settings.open_s
             if open_s > 0:
                 _sleep(open_s, interrupted)
             return os.open(self._full(path), os.O_RDONLY)
 
         def read(self, path, size, offset, fh):
             data = os.pread(fh, size, offset)
-            self.throttle.take(len(data))
+            settings.throttle.take(len(data), interrupted)
             return data
 
         def release(self, path, fh):
@@ -116,12 +138,20 @@ def _operations(root, open_s, bytes_per_s, ready_fd, ignore_interrupts=False):
     return SlowPassthrough()
 
 
-def _unmount_when_owner_dies(owner_fd, mountpoint, owner_gone):
+def _unmount_when_owner_dies(owner_fd, mountpoint, owner_gone, settings):
     # Blocks until the owner closes its end of the pipe, which the kernel does
     # when the owner dies, however it dies. A clean owner unmounts first, so
-    # the daemon is usually gone before this returns.
-    while os.read(owner_fd, 1024):
-        pass
+    # the daemon is usually gone before this returns. Lines the owner writes
+    # meanwhile change the settings.
+    pending = b""
+    while True:
+        chunk = os.read(owner_fd, 1024)
+        if not chunk:
+            break
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            settings.apply(line.decode(errors="replace"))
     owner_gone.set()
     subprocess.run([fusermount(), "-u", "-z", mountpoint], capture_output=True)
 
@@ -146,11 +176,12 @@ def serve(source, mountpoint, open_ms, mbps, ready_fd=None, owner_fd=None, remov
     import mfusepy
 
     owner_gone = threading.Event()
+    settings = _Settings(open_ms / 1000.0, mbps * 1e6)
     if owner_fd is not None:
-        threading.Thread(target=_unmount_when_owner_dies, args=(owner_fd, mountpoint, owner_gone),
+        threading.Thread(target=_unmount_when_owner_dies, args=(owner_fd, mountpoint, owner_gone, settings),
                          daemon=True).start()
 
-    ops = _operations(source, open_ms / 1000.0, mbps * 1e6, ready_fd, ignore_interrupts)
+    ops = _operations(source, settings, ready_fd, ignore_interrupts)
     # libfuse serves at most 10 requests at once by default: fewer than the
     # opens a parallel file system takes at once, and than 16 prefetchers.
     mfusepy.FUSE(ops, mountpoint, foreground=True, nothreads=False, ro=True, max_threads=128,

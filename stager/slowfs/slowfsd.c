@@ -16,7 +16,9 @@
  * umount` finds the daemon in /proc/self/mounts.
  * --owner-fd: read end of a pipe held by the owner; at end-of-file (the
  *   owner died or closed it) the daemon lazily unmounts itself and, with
- *   --remove-mountpoint, removes the mount point.
+ *   --remove-mountpoint, removes the mount point. Lines written on it change
+ *   the settings while mounted: "open-ms F" or "mbps F" (a source that gets
+ *   slower mid-run).
  * --ignore-interrupts: a sleeping open or read never gives up when its
  *   caller is interrupted, as a hung server never answers: a reader killed
  *   meanwhile stays in the kernel until the daemon answers or dies. By
@@ -49,8 +51,8 @@ extern char **environ;
 static struct {
     char root[PATH_MAX];
     char mountpoint[PATH_MAX];
-    double open_s;
-    double bytes_per_s;
+    volatile double open_s;       /* changed by the owner's lines while serving */
+    volatile double bytes_per_s;
     int ready_fd;
     int owner_fd;
     int remove_mountpoint;
@@ -123,7 +125,8 @@ static int throttle(size_t nbytes)
     pthread_mutex_lock(&throttle_lock);
     double now = now_s();
     double start = free_at > now ? free_at : now;
-    free_at = start + nbytes / opt.bytes_per_s;
+    double rate = opt.bytes_per_s;  /* read again under the lock: the owner may change it */
+    free_at = start + (rate > 0 ? nbytes / rate : 0);
     double done = free_at;
     pthread_mutex_unlock(&throttle_lock);
     return sleep_until(done);
@@ -213,7 +216,8 @@ static int sfs_open(const char *path, struct fuse_file_info *fi)
     int rc = full_path(full, path);
     if (rc)
         return rc;
-    if (opt.open_s > 0 && (rc = sleep_until(now_s() + opt.open_s)) != 0)
+    double open_s = opt.open_s;  /* once: the owner may change it meanwhile */
+    if (open_s > 0 && (rc = sleep_until(now_s() + open_s)) != 0)
         return rc;
     int fd = open(full, O_RDONLY);
     if (fd == -1)
@@ -269,12 +273,42 @@ static void lazy_unmount(void)
 
 /* Blocks until the owner closes its end of the pipe, which the kernel does
  * when the owner dies, however it dies; a clean owner unmounts first. */
+static void apply_setting(const char *line)
+{
+    char name[32];
+    double value;
+    if (sscanf(line, "%31s %lf", name, &value) != 2 || value < 0) {
+        fprintf(stderr, "slowfsd: ignoring setting '%s'\n", line);
+        return;
+    }
+    if (strcmp(name, "open-ms") == 0)
+        opt.open_s = value / 1000.0;
+    else if (strcmp(name, "mbps") == 0)
+        opt.bytes_per_s = value * 1e6;
+    else
+        fprintf(stderr, "slowfsd: unknown setting '%s'\n", name);
+}
+
 static void *watch_owner(void *unused)
 {
     (void)unused;
-    char chunk[256];
-    while (read(opt.owner_fd, chunk, sizeof chunk) > 0)
-        ;
+    char line[256];
+    size_t used = 0;
+    ssize_t n;
+    while ((n = read(opt.owner_fd, line + used, sizeof line - 1 - used)) > 0) {
+        used += (size_t)n;
+        line[used] = '\0';
+        char *start = line, *end;
+        while ((end = strchr(start, '\n')) != NULL) {
+            *end = '\0';
+            apply_setting(start);
+            start = end + 1;
+        }
+        used = strlen(start);
+        memmove(line, start, used);
+        if (used == sizeof line - 1)
+            used = 0;  /* a line too long to be a setting */
+    }
     opt.owner_gone = 1;
     lazy_unmount();
     return NULL;

@@ -1,0 +1,178 @@
+"""The model (pure functions), its calibration on the real emulator, ``stager whatif`` and ``auto`` in the config."""
+
+import json
+import subprocess
+
+import numpy as np
+import pytest
+
+from conftest import load_catalog, make_config, stager_cmd
+from stager import plan
+from stager.config import PlanConfig, load_config
+from stager.deadlines import DeadlineQueue
+from stager.errors import ConfigError
+from stager.model import Rates, Settings, Tuner, cache_misses, choose_counts, from_summary, predict, probe
+from stager.model.tune import START_PER_CORE
+from stager.slowfs import SlowFS
+from stager.sources import PosixSource
+
+RATES = Rates(open_s=0.010, bandwidth=50e6, copy_s=0.001, read_s=0.0005, compute_s=0.020, file_bytes=100e3,
+              batch_size=32, cores=2)
+
+
+def test_fetch_bound_throughput_follows_littles_law_until_the_bandwidth():
+    one = predict(RATES, Settings(prefetchers=1, readers=2))
+    # 10 ms open + 2 ms of bytes at 50 MB/s + 1 ms copy: 13 ms a file, 32 files a step.
+    assert one.bottleneck == "fetch" and one.step_s == pytest.approx(32 * 0.013)
+    assert predict(RATES, Settings(prefetchers=4, readers=2)).samples_per_s == pytest.approx(4 * one.samples_per_s)
+    # 500 files/s is all 50 MB/s carries: more prefetchers add nothing.
+    assert predict(RATES, Settings(prefetchers=64, readers=2)).fetch_rate == pytest.approx(500)
+
+
+def test_the_slowest_stage_sets_the_step_and_the_stall():
+    fast_source = Settings(prefetchers=64, readers=2, open_s=0.0, bandwidth=0.0, compute_s=0.040)
+    assert predict(RATES, fast_source).bottleneck == "compute" and predict(RATES, fast_source).stall == 0.0
+    slow_reader = Rates(**{**RATES.to_dict(), "read_s": 0.004})
+    p = predict(slow_reader, Settings(prefetchers=64, readers=1, open_s=0.0, bandwidth=0.0))
+    assert p.bottleneck == "read" and p.step_s == pytest.approx(32 * 0.004)
+    assert p.stall == pytest.approx(1 - 0.020 / (32 * 0.004))
+    # Warm cache: nothing is fetched, whatever the source.
+    assert predict(RATES, Settings(prefetchers=1, readers=2, miss=0.0)).bottleneck == "compute"
+
+
+def test_cache_misses_replay_the_plan():
+    sizes = np.full(400, 1000)
+    spec = plan.PlanSpec.from_config(400, PlanConfig(batch_size=10, epochs=3, seed=2), 1)
+    assert cache_misses(sizes, spec, ahead=4) == [400, 0, 0]
+    assert cache_misses(sizes, spec, capacity=400_000, ahead=4) == [400, 0, 0]
+    half = cache_misses(sizes, spec, capacity=200_000, ahead=4)
+    assert half[0] == 400 and 0 < half[1] < 400 and 0 < half[2] < 400
+    small = cache_misses(sizes, spec, capacity=100_000, ahead=4)
+    assert small[1] > half[1]
+    with pytest.raises(ConfigError, match="smaller than the look-ahead window"):
+        cache_misses(sizes, spec, capacity=10_000, ahead=4)
+
+
+def test_choose_counts_grow_with_latency_within_the_start_bound():
+    few, readers = choose_counts(RATES)
+    assert 1 <= readers <= 2 and 1 <= few <= START_PER_CORE * 2
+    slow = Rates(**{**RATES.to_dict(), "open_s": 0.001, "bandwidth": 0.0, "copy_s": 0.0005, "main_s": 0.0005})
+    slower = Rates(**{**slow.to_dict(), "open_s": 0.004})
+    assert choose_counts(slow)[0] < choose_counts(slower)[0]
+
+
+def test_tuner_grows_when_saturated_and_shrinks_after_quiet_windows():
+    t = Tuner(4, 1, 32, window_s=1.0, min_items=1)
+    t.asked(400, 0.0)
+    t.finished(100, 3.9)          # 4 workers busy all second, 300 items waiting
+    assert t.decide(0.5) is None  # the window is not over
+    d = t.decide(1.0)
+    assert d.count >= 6 and d.busy > 0.85
+    count = d.count
+    for second in range(2, 8):    # then little demand: shrink, but a quarter at a time
+        t.asked(2, second - 0.5)
+        t.finished(t.outstanding, 0.02)
+        t.decide(float(second))
+        assert t.count >= count // 2
+        count = t.count
+    assert count < d.count
+
+
+def test_deadline_queue_serves_the_earliest_minibatch_of_any_rank_first():
+    put = []
+    q = DeadlineQueue(put.append)
+    for seq in range(6):          # rank A asked six minibatches ahead first
+        q.push(seq, ("A", seq), ("A", seq))
+    q.feed(1)                     # one prefetcher: two tasks on its queue
+    for seq in range(3):          # then rank B's first three
+        q.push(seq, ("B", seq), ("B", seq))
+    for task in list(put):
+        q.done(task)
+        q.feed(1)
+    while len(q):
+        q.done(put[-1])
+        q.done(put[-2])
+        q.feed(1)
+    assert put[:2] == [("A", 0), ("A", 1)]
+    assert put[2:6] == [("B", 0), ("B", 1), ("A", 2), ("B", 2)]
+
+
+def test_probe_measures_the_emulators_latency(dataset, tmp_path):
+    root, _ = dataset
+    with SlowFS(root, open_ms=15.0, mbps=0) as mnt:
+        cfg = make_config(mnt, tmp_path)
+        catalog = load_catalog(cfg)
+        rates = probe(PosixSource(mnt), catalog, "npy", files=4, batch_size=8)
+    assert rates.open_s >= 0.0135 and rates.read_s > 0 and rates.batch_size == 8
+    rates = Rates(**{**rates.to_dict(), "bandwidth": 0.0})  # the bytes' time apart, the rest is the copy's
+    refined = from_summary({"files_staged": 100, "prefetch_busy_s": 100 * (rates.open_s + 0.002), "samples": 100,
+                            "read_busy_s": 0.1, "batches": 10, "compute_s": 0.5,
+                            "config": {"plan": {"batch_size": 10}}}, rates)
+    assert refined.copy_s == pytest.approx(0.002, abs=1e-6) and refined.read_s == pytest.approx(0.001)
+    assert refined.compute_s == pytest.approx(0.05) and refined.batch_size == 10
+
+
+def test_whatif_prints_a_table_from_a_saved_calibration(tmp_path):
+    cal = tmp_path / "cal.json"
+    cal.write_text(json.dumps(RATES.to_dict()))
+    out = subprocess.run(stager_cmd("whatif", "--calibration", str(cal), "--prefetchers", "1,64", "--open-ms", "10"),
+                         capture_output=True, text=True, check=True).stdout
+    rows = [line for line in out.splitlines() if line.startswith("| 1 ") or line.startswith("| 64 ")]
+    assert len(rows) == 2 and "fetch" in rows[0] and "| 500 |" in rows[1]
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--capacity", "50%"], "--capacity needs --config"),
+    ([], "give a CONFIG"),
+])
+def test_whatif_refuses_bad_input_clearly(tmp_path, args, message):
+    cal = tmp_path / "cal.json"
+    cal.write_text(json.dumps(RATES.to_dict()))
+    full = args + (["--calibration", str(cal)] if args else [])
+    proc = subprocess.run(stager_cmd("whatif", *full), capture_output=True, text=True)
+    assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_whatif_refuses_a_file_that_is_not_a_calibration(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"open_s": 1, "colour": "red"}))
+    proc = subprocess.run(stager_cmd("whatif", "--calibration", str(bad)), capture_output=True, text=True)
+    assert proc.returncode == 2 and f"{bad} is not a stager calibration" in proc.stderr
+
+
+def test_whatif_probes_a_config_and_predicts_capacities(dataset, tmp_path):
+    root, _ = dataset
+    cfg = tmp_path / "job.yaml"
+    cfg.write_text(f"dataset: {{source: {root}, manifest: manifest.tsv}}\nplan: {{batch_size: 5, epochs: 2}}\n"
+                   f"staging: {{lookahead: 2}}\nslowfs: {{enabled: true, open_ms: 5}}\nrun: {{compute_ms: 10}}\n")
+    out = subprocess.run(stager_cmd("whatif", str(cfg), "--prefetchers", "2", "--capacity", "50%,100%",
+                                    "--save", str(tmp_path / "cal.json")),
+                         capture_output=True, text=True, check=True).stdout
+    assert "| 50% |" in out and "| 100% |" in out and "cores" in out
+    assert json.loads((tmp_path / "cal.json").read_text())["open_s"] >= 0.0045
+
+
+def test_auto_counts_in_the_config():
+    cfg = load_config(None, ["staging.prefetchers=auto", "reader.workers=auto"])
+    assert cfg.staging.prefetchers == "auto" and cfg.reader.workers == "auto"
+    assert load_config(None, ["staging.prefetchers=6"]).staging.prefetchers == 6
+    for bad, message in (("staging.prefetchers=many", "staging.prefetchers must be a number of at least 1 or 'auto'"),
+                         ("reader.workers=0", "reader.workers must be a number of at least 1 or 'auto'")):
+        with pytest.raises(ConfigError, match=message):
+            load_config(None, [bad])
+
+
+def test_tuner_goes_back_when_a_growth_does_not_pay():
+    t = Tuner(4, 1, 64, window_s=1.0, min_items=1)
+    t.asked(150, 0.0)
+    t.finished(100, 3.9)              # saturated at 100 items/s, work waiting
+    assert t.decide(1.0).count == 8
+    t.asked(150, 1.5)
+    t.finished(102, 7.9)              # twice the workers, the same items/s: they wait for the CPU
+    assert t.decide(2.0).count == 4
+    t.asked(150, 2.5)
+    t.finished(100, 3.9)              # saturated again, same time per item: stays at the ceiling
+    assert t.decide(3.0).count == 4
+    t.asked(150, 3.5)
+    t.finished(25, 3.9)               # each item now takes 4x longer (the source slowed): grows again
+    assert t.decide(4.0).count > 4
