@@ -128,6 +128,12 @@ class Pipeline:
         spec, minibatches = self._rank_plan()
         ch, ctx = self._ch, multiprocessing.get_context(self._processes.start_method)
         source = open_source(self.catalog.root, self._dataset)
+        if not self._staging.enabled or world.node_leader:
+            try:
+                # Workers forked from here inherit what the source prepares (an object store's session).
+                getattr(source, "warm", lambda: None)()
+            except Exception:
+                pass  # a worker's first fetch meets the same error and reports it with its context
         with children_skip_mpi(self._processes.start_method):
             # Staging off: readers open the source's items in place, or have the source fetch each one.
             read_root = source.local_root or source
