@@ -53,18 +53,30 @@ def as_list(batch):
     return batch
 
 
-def timed_loop(batches, compute_s):
-    """Runs the training loop over every epoch's batches; returns (seconds waiting in next(), total seconds, samples)."""
-    wait = samples = 0
+def timed_loop(batches, compute_s, steps_per_epoch):
+    """Runs the training loop over every epoch's batches.
+
+    Returns:
+        ``(seconds waiting in next(), total seconds, samples, [seconds waiting per epoch])``; the last
+        ``next()``, which ends the loop, counts in the last epoch.
+    """
+    wait = samples = steps = 0
+    epochs = []
     begin = time.perf_counter()
     it = iter(batches)
     while True:
         t = time.perf_counter()
         batch = next(it, None)
-        wait += time.perf_counter() - t
+        waited = time.perf_counter() - t
+        wait += waited
+        epoch = steps // steps_per_epoch if batch is not None else max(len(epochs) - 1, 0)
+        while len(epochs) <= epoch:
+            epochs.append(0.0)
+        epochs[epoch] += waited
         if batch is None:
-            return wait, time.perf_counter() - begin, samples
+            return wait, time.perf_counter() - begin, samples, epochs
         samples += len(batch)
+        steps += 1
         time.sleep(compute_s)  # the training step
 
 
@@ -75,7 +87,7 @@ def run_dataloader(dataset, args, seed):
     loader = DataLoader(dataset, batch_size=args.batch_size, shuffle=True, num_workers=args.workers,
                         collate_fn=as_list, persistent_workers=True,
                         generator=torch.Generator().manual_seed(seed))
-    return timed_loop((batch for _ in range(args.epochs) for batch in loader), args.compute_ms / 1000)
+    return timed_loop((batch for _ in range(args.epochs) for batch in loader), args.compute_ms / 1000, len(loader))
 
 
 def run_stager(endpoint, args, capacity, local_dir):
@@ -88,7 +100,8 @@ def run_stager(endpoint, args, capacity, local_dir):
         "reader": {"workers": args.workers - args.prefetchers},
     })
     with Pipeline(cfg) as pipe:
-        return timed_loop((batch.samples for batch in pipe), args.compute_ms / 1000) + (pipe.stats.files_staged,)
+        steps = -(-args.samples // args.batch_size)
+        return timed_loop((batch.samples for batch in pipe), args.compute_ms / 1000, steps) + (pipe.stats.files_staged,)
 
 
 def main():
@@ -140,10 +153,11 @@ def main():
     base = results["runs"]["DataLoader + boto3 (direct)"][0]
     print(f"\n{args.samples} objects of {args.bytes // 1024} KiB, {args.epochs} epochs, batch {args.batch_size}, "
           f"{args.compute_ms:g} ms compute per step, {args.latency_ms:g} ms per request, {args.workers} processes each\n")
-    print("| method | data wait (s) | total (s) | samples | less wait than DataLoader + boto3 |")
-    print("|---|---|---|---|---|")
-    for name, (wait, total_s, samples, *rest) in results["runs"].items():
-        print(f"| {name} | {wait:.2f} | {total_s:.2f} | {samples} | {100 * (1 - wait / base):.1f}% |")
+    print("| method | data wait (s) | wait per epoch (s) | total (s) | samples | less wait than DataLoader + boto3 |")
+    print("|---|---|---|---|---|---|")
+    for name, (wait, total_s, samples, epochs, *rest) in results["runs"].items():
+        per_epoch = " / ".join(f"{w:.2f}" for w in epochs)
+        print(f"| {name} | {wait:.2f} | {per_epoch} | {total_s:.2f} | {samples} | {100 * (1 - wait / base):.1f}% |")
 
 
 if __name__ == "__main__":

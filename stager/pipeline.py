@@ -148,6 +148,12 @@ class Pipeline:
         spec, minibatches = self._rank_plan()
         ch, ctx = self._ch, multiprocessing.get_context(self._processes.start_method)
         source = open_source(self.catalog.root, self._dataset, self._staging.verify)
+        if not self._staging.enabled or world.node_leader:
+            try:
+                # Workers forked from here inherit what the source prepares (an object store's session).
+                getattr(source, "warm", lambda: None)()
+            except Exception:
+                pass  # a worker's first fetch meets the same error and reports it with its context
         auto_prefetch, auto_read = (autocounts.is_auto(self._staging.prefetchers),
                                     autocounts.is_auto(self._reader.workers))
         shared = world.node_comm is not None and world.local_size > 1

@@ -14,9 +14,9 @@ import errno
 import os
 import queue
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 from . import wire
+from .inflight import InFlight
 from .loaders import make_loader
 from .messages import NO_SPACE, PRESENT, Decoded, Failure, Staged
 
@@ -56,29 +56,32 @@ def prefetcher_main(worker, parent_pid, tasks, reply, stop, source, dst_root, pr
         progress: The service's ``stalls.Progress``, told which file this
             prefetcher waits for, so that a stalled source is noticed.
     """
-    failed = False
-    # A source with latency per request (an object store) fetches several
-    # files at once, in threads sharing its connection pool.
+    try:
+        # The source's per-process state (a client) is made before the first task waits for it.
+        getattr(source, "warm", lambda: None)()
+    except Exception:
+        pass  # the first fetch meets the same error and reports it with its task's context
     threads = getattr(source, "concurrency", 1)
-    pool = ThreadPoolExecutor(threads, "stager-fetch") if threads > 1 else None
+    if threads > 1:
+        # A source with latency per request (an object store): several tasks' files in flight at once.
+        InFlight(worker, reply, stop, source, dst_root, threads, _fetch).run(_tasks(tasks, stop, parent_pid))
+        return
+    failed = False
     for task in _tasks(tasks, stop, parent_pid):
         if failed:
             continue
         start = time.perf_counter()
         done = []
-        rel = futures = None
+        rel = None
         try:
-            futures = [pool.submit(_fetch, source, dst_root, *file) for file in task.files] if pool else None
-            for n, file in enumerate(task.files):
+            for file in task.files:
                 if stop.is_set():
                     return
                 rel = file[1]
                 if progress is not None:
                     progress.on(worker, file[0], task.epoch, task.step)
-                done.append(futures[n].result() if futures else _fetch(source, dst_root, *file))
+                done.append(_fetch(source, dst_root, *file))
         except Exception as exc:  # reported with its context, then we wait to be stopped
-            for future in futures or ():
-                future.cancel()
             reply.send(Failure.from_exception("prefetch", worker, exc, task.epoch, task.step, rel,
                                               f"cannot stage {source.describe(rel or '')}: "
                                               f"{type(exc).__name__}: {exc}"))
@@ -88,8 +91,6 @@ def prefetcher_main(worker, parent_pid, tasks, reply, stop, source, dst_root, pr
             if progress is not None:
                 progress.idle(worker)
         reply.send(Staged(task.task, worker, done, time.perf_counter() - start, task.epoch))
-    if pool is not None:
-        pool.shutdown(wait=False, cancel_futures=True)
 
 
 def reader_main(worker, parent_pid, tasks, reply, stop, root, loader, loader_options, rings):

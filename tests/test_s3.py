@@ -122,6 +122,19 @@ def test_staged_samples_are_the_buckets_bytes_in_plan_order(store, tmp_path, cap
     assert not os.listdir(tmp_path / "local"), "the job directory must be removed"
 
 
+def test_one_prefetcher_with_many_tasks_in_flight_delivers_the_buckets_bytes_in_plan_order(store, tmp_path):
+    # One file per task: a prefetcher holds up to requests_in_flight tasks
+    # at once, and they finish in any order.
+    with SlowProxy(store.port, latency_ms=5) as proxy:
+        staging = {"prefetchers": 1, "files_per_task": 1,
+                   "capacity": str(sum(map(len, store.objects.values())) // 4)}
+        cfg = s3_config(proxy.endpoint_url, tmp_path / "local", staging=staging)
+        catalog, seen, samples, stats = run(cfg)
+    check_delivery(cfg, catalog, seen, samples, store.objects)
+    assert stats.files_staged > SAMPLES
+    assert not os.listdir(tmp_path / "local"), "the job directory must be removed"
+
+
 def test_direct_reading_gets_each_object_from_the_bucket(store, tmp_path):
     with SlowProxy(store.port, latency_ms=5) as proxy:
         cfg = s3_config(proxy.endpoint_url, tmp_path / "local", staging={"enabled": False}, plan={"epochs": 1})

@@ -14,6 +14,8 @@ A source is what prefetchers read and what the catalog lists. Each one:
   off, or None when the items are not files; then ``open_direct(rel)``, a
   context manager, yields a path holding the item for the time of a read;
 - ``concurrency`` (optional, default 1): fetches a prefetcher runs at once;
+- ``warm()`` (optional): makes its per-process state (a client) ahead of
+  the first fetch; called before workers fork and in each at start;
 - ``describe(rel)``: the item's full name for messages.
 
 Sources are picklable, so prefetchers started with any method receive them.

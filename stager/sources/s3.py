@@ -65,6 +65,14 @@ class S3Source:
         return cls(location, dataset.endpoint_url, dataset.requests_in_flight, dataset.retries,
                    dataset.request_timeout_s)
 
+    def warm(self):
+        """Makes this process's client now, so that the first GETs do not wait for it.
+
+        Called in the parent before prefetchers or readers start (they
+        inherit its session when forked) and in each of them at start.
+        """
+        self.client.s3
+
     def describe(self, rel):
         """The object's full name, for messages."""
         return f"s3://{self.bucket}/{self.prefix}{rel}"

@@ -48,6 +48,9 @@ class Client:
     def __init__(self, endpoint_url, pool, timeout_s, retries):
         self.endpoint_url, self.pool, self.timeout_s, self.retries = endpoint_url, pool, timeout_s, retries
         self._client, self._pid = None, None
+        # Kept across fork: a child makes its client from the parent's session,
+        # whose loaded service model saves it a tenth of a second or more.
+        self._session = None
         self._lock = threading.Lock()
 
     def __getstate__(self):
@@ -71,7 +74,9 @@ class Client:
                 # cut short mid-stream, and ours name the object when they give up.
                 config = Config(max_pool_connections=self.pool, connect_timeout=self.timeout_s,
                                 read_timeout=self.timeout_s, retries={"total_max_attempts": 1})
-                self._client = boto3.session.Session().client("s3", endpoint_url=self.endpoint_url, config=config)
+                if self._session is None:
+                    self._session = boto3.session.Session()
+                self._client = self._session.client("s3", endpoint_url=self.endpoint_url, config=config)
                 self._pid = os.getpid()
             return self._client
 

@@ -1,0 +1,121 @@
+"""A prefetcher that keeps several stage tasks' files in flight at once.
+
+For a source with latency per request (an object store), a prefetcher runs
+``source.concurrency`` fetches at once in threads sharing the source's
+connection pool. Taking one task at a time would cap the requests in flight
+at the task's size (a minibatch's missing files spread over the
+prefetchers: often fewer than the threads) and leave the threads idle
+between the end of one task and the start of the next. So the prefetcher
+takes another task from the shared queue whenever fewer files than threads
+are in flight, and replies for each task as soon as its last file is local,
+whatever order the tasks finish in. The bound keeps a prefetcher from
+hoarding tasks another one could start: it holds at most ``threads - 1``
+files in flight plus one task's files.
+"""
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from .messages import Failure, Staged
+
+WAIT_S = 0.5  # how often a prefetcher waiting for a free thread looks at the stop event
+
+
+class _Open:
+    """A task whose files are being fetched."""
+
+    __slots__ = ("task", "start", "left", "done")
+
+    def __init__(self, task):
+        self.task, self.start, self.left, self.done = task, time.perf_counter(), len(task.files), []
+
+
+class InFlight:
+    """One prefetcher's fetch threads and the tasks they work on.
+
+    Args:
+        worker: The prefetcher's number, for replies.
+        reply: The prefetcher's reply pipe.
+        stop: The pool's stop event.
+        source: The ``Source`` to fetch from.
+        dst_root: The job's node-local directory.
+        threads: Fetches at once (``source.concurrency``).
+        fetch: ``fetch(source, dst_root, index, rel, size, mtime_ns)`` ->
+            ``(index, bytes or NO_SPACE)`` (``workers._fetch``).
+    """
+
+    def __init__(self, worker, reply, stop, source, dst_root, threads, fetch):
+        self.worker, self.reply, self.stop = worker, reply, stop
+        self.source, self.dst_root, self.threads, self.fetch = source, dst_root, threads, fetch
+        self.pool = ThreadPoolExecutor(threads, "stager-fetch")
+        self.cond = threading.Condition()
+        self.busy = 0            # files submitted and not finished
+        self.failed = False      # a Failure was sent: drop every task from now on
+        self.send_lock = threading.Lock()  # replies come from the fetch threads
+
+    def run(self, tasks):
+        """Fetches every task of ``tasks`` (an iterator of ``StageTask``), then returns.
+
+        Returns once ``tasks`` ends and its files are fetched, or at once
+        (dropping the rest) when the stop event is set or a file failed.
+        """
+        try:
+            for task in tasks:
+                if self.failed:
+                    continue  # the service stops us; a task after a failure is not worth fetching
+                if not task.files:
+                    self._send(Staged(task.task, self.worker, [], 0.0, task.epoch))
+                    continue
+                opened = _Open(task)
+                with self.cond:
+                    self.busy += len(task.files)
+                for file in task.files:
+                    self.pool.submit(self._one, opened, file)
+                with self.cond:
+                    while self.busy >= self.threads and not self.stop.is_set() and not self.failed:
+                        self.cond.wait(WAIT_S)
+        finally:
+            # Told to stop, drop what is left; at the end of the tasks, finish
+            # the files in flight, as a prefetcher taking one task at a time would.
+            stopping = self.stop.is_set() or self.failed
+            self.pool.shutdown(wait=not stopping, cancel_futures=stopping)
+
+    def _one(self, opened, file):
+        if self.failed or self.stop.is_set():
+            self._finished()
+            return
+        try:
+            result = self.fetch(self.source, self.dst_root, *file)
+        except Exception as exc:  # reported once, with its context; the service then stops us
+            task, rel = opened.task, file[1]
+            failure = Failure.from_exception("prefetch", self.worker, exc, task.epoch, task.step, rel,
+                                             f"cannot stage {self.source.describe(rel)}: "
+                                             f"{type(exc).__name__}: {exc}")
+            with self.cond:
+                first = not self.failed
+                self.failed = True
+            if first:
+                self._send(failure)
+            self._finished()
+            return
+        with self.cond:
+            opened.done.append(result)
+            opened.left -= 1
+            complete = not opened.left and not self.failed
+        if complete and not self.stop.is_set():
+            task = opened.task
+            self._send(Staged(task.task, self.worker, opened.done, time.perf_counter() - opened.start, task.epoch))
+        self._finished()
+
+    def _finished(self):
+        with self.cond:
+            self.busy -= 1
+            self.cond.notify()
+
+    def _send(self, msg):
+        with self.send_lock:
+            try:
+                self.reply.send(msg)
+            except (OSError, EOFError):
+                pass  # the service is gone; the prefetcher's loop ends when told or orphaned
