@@ -160,6 +160,13 @@ def _cmd_catalog(args):
     return 0
 
 
+def _cmd_clean(args):
+    from .jobdir import local_base
+    from .leftovers import clean
+
+    return clean(os.path.abspath(args.base or local_base(None)), args.dry_run)
+
+
 def _cmd_config(args):
     cfg = load_config(args.config, args.set)
     sys.stdout.write(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
@@ -281,6 +288,16 @@ def build_parser():
     b.add_argument("--manifest", help="read this manifest instead of scanning (relative to SRC)")
     b.add_argument("--extensions", nargs="*", default=[], help="when scanning, keep only these suffixes")
     b.set_defaults(func=_cmd_catalog)
+
+    p = sub.add_parser("clean", help="remove staging directories of this user's jobs that are gone",
+                       description="Remove the stager-* directories under BASE that belong to this user's jobs on "
+                                   "this host whose process is gone and whose lock nobody holds (a node reboot, or "
+                                   "the out-of-memory killer taking a job and its janitor). Live and kept "
+                                   "directories, and directories stager did not make, are left alone.")
+    p.add_argument("base", nargs="?", metavar="BASE", help="the node-local base directory (default: "
+                                                          "$STAGER_LOCAL_DIR, $SLURM_TMPDIR, $TMPDIR or /tmp)")
+    p.add_argument("--dry-run", action="store_true", help="only say what would be removed")
+    p.set_defaults(func=_cmd_clean)
 
     p = sub.add_parser("config", help="print the effective config (all keys, with defaults)",
                        description="Print the effective configuration as YAML: CONFIG (optional) with "

@@ -15,8 +15,10 @@ from ..catalog_file import agreed_catalog
 from ..pipeline import Pipeline
 from ..world import detect
 from .progress import Progress
-from .records import Recorder, StateFile
+from .records import Recorder
+from .state import StateFile
 from .source import prepare_source
+from .stopping import StopRequest, Stopped
 
 
 def _combine(summaries):
@@ -51,6 +53,29 @@ def combine_cache(tables):
     return [epochs[e] for e in sorted(epochs)]
 
 
+def _loop(pipe, stop, compute_s, max_batches, recorder, bar, epochs, position):
+    """Iterates the pipeline as a training loop would; returns the position after the last minibatch counted."""
+    batches = iter(pipe)
+    try:
+        while not stop.requested:
+            with stop.interruptible():
+                batch = next(batches, None)
+                if batch is None:
+                    break
+                if compute_s:
+                    time.sleep(compute_s)  # stands in for the training step
+            epochs.add(batch.epoch)
+            if recorder:
+                recorder.batch(batch)
+            position = position.after(batch)
+            bar.update()
+            if max_batches and pipe.stats.batches >= max_batches:
+                break
+    except Stopped:
+        pass  # the minibatch in hand, if any, is neither recorded nor counted
+    return position
+
+
 def run_job(cfg, report=None, record=None, progress=True, world=None):
     """Runs the configured job on this rank and returns the job's totals.
 
@@ -79,13 +104,17 @@ def run_job(cfg, report=None, record=None, progress=True, world=None):
         state = StateFile(cfg.run.state_file, world, len(catalog), cfg.plan) if cfg.run.state_file else None
         start = state.load() if state else planlib.Position()
         if start != planlib.Position() and progress:
-            print(f"stager: resuming from epoch {start.epoch}, {start.consumed} samples into it ({state.base})",
+            print(f"stager: resuming from epoch {start.epoch}, {start.consumed} samples into it ({state.path})",
                   file=sys.stderr)
         steps = planlib.steps_per_epoch(len(catalog), cfg.plan.batch_size, cfg.plan.drop_last, world.size,
                                         cfg.plan.remainder)
         total = steps * (cfg.plan.epochs - start.epoch) if cfg.plan.epochs else 0
         if cfg.run.max_batches:
             total = min(total, cfg.run.max_batches) if total else cfg.run.max_batches
+        # From here a stop signal is noted, and acted on at a step boundary
+        # (or out of a wait): never inside the pipeline's collective start,
+        # nor inside its close, which it would cut short.
+        stop = stack.enter_context(StopRequest())
         pipe = stack.enter_context(Pipeline(cfg, catalog, world=world, start=start,
                                             on_staged=recorder.staged if recorder else None))
         bar = Progress(total, "staged run" if cfg.staging.enabled else "direct run", "minibatches",
@@ -93,29 +122,18 @@ def run_job(cfg, report=None, record=None, progress=True, world=None):
         compute_s = cfg.run.compute_ms / 1000.0
         begin = time.perf_counter()
         epochs = set()
-        position = start
-        try:
-            for batch in pipe:
-                if compute_s:
-                    time.sleep(compute_s)  # stands in for the training step
-                epochs.add(batch.epoch)
-                if recorder:
-                    recorder.batch(batch)
-                position = position.after(batch)
-                bar.update()
-                if cfg.run.max_batches and pipe.stats.batches >= cfg.run.max_batches:
-                    break
-        except BaseException:
-            if state:  # stopped (SIGTERM, preemption, an error): the next start resumes here
-                state.save(position)
-            raise
+        # An error ends the job (MPI_Abort) from inside the loop; a stop (a
+        # signal, max_batches, the plan's end) leaves it at a step boundary.
+        position = _loop(pipe, stop, compute_s, cfg.run.max_batches, recorder, bar, epochs, start)
         if recorder and cfg.staging.capacity:  # a bounded cache's counters are worth a record
             recorder.cache(pipe.stats.cache_table())
-        if state:
-            if cfg.run.max_batches and (not cfg.plan.epochs or position.epoch < cfg.plan.epochs):
-                state.save(position)
-            else:
-                state.remove()
+        if state:  # collective: every rank gets here once
+            agreed, complete = state.settle(position, cfg.plan.epochs)
+            if stop.requested and not complete and world.rank == 0:
+                print(f"stager: stopped; the job resumes from epoch {agreed.epoch}, {agreed.consumed} samples into "
+                      f"it ({state.path})", file=sys.stderr)
+        if stop.requested:
+            stop.exit()  # the signal's exit, through every with-block's clean-up
         wall = time.perf_counter() - begin
         bar.close()
     summary = {"mode": "staged" if cfg.staging.enabled else "direct", "epochs": len(epochs),
