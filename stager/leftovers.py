@@ -170,6 +170,7 @@ def clean(base, dry_run=False, out=print):
         else:
             out(f"left {item.path}: {item.why}")
     gone = [i for i in items if i.removed]
-    out(f"{len(gone)} staging director{'y' if len(gone) == 1 else 'ies'} {verb} under {base}, "
+    out(f"{len(gone)} staging director{'y' if len(gone) == 1 else 'ies'} "
+        f"{'would be removed' if dry_run else 'removed'} under {base}, "
         f"{sum(i.nbytes for i in gone) / 1e6:.1f} MB")
     return 0
