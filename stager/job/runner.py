@@ -16,7 +16,7 @@ from ..pipeline import Pipeline
 from ..world import detect
 from .progress import Progress
 from .records import Recorder
-from .state import StateFile
+from .state import CONTINUE, END, SIGNAL, StateFile
 from .source import prepare_source
 from .stopping import StopRequest, Stopped
 
@@ -53,9 +53,16 @@ def combine_cache(tables):
     return [epochs[e] for e in sorted(epochs)]
 
 
-def _loop(pipe, stop, compute_s, max_batches, recorder, bar, epochs, position):
-    """Iterates the pipeline as a training loop would; returns the position after the last minibatch counted."""
+def _loop(pipe, stop, compute_s, max_batches, recorder, bar, epochs, position, state):
+    """Iterates the pipeline as a training loop would.
+
+    Returns:
+        ``(position, agreed, why)``: the position after the last minibatch
+        counted; with a state file, the job's agreed position and why the
+        ranks left (``state.END`` or ``state.SIGNAL``), else None, None.
+    """
     batches = iter(pipe)
+    steps = 0
     try:
         while not stop.requested:
             with stop.interruptible():
@@ -69,11 +76,20 @@ def _loop(pipe, stop, compute_s, max_batches, recorder, bar, epochs, position):
                 recorder.batch(batch)
             position = position.after(batch)
             bar.update()
+            steps += 1
             if max_batches and pipe.stats.batches >= max_batches:
                 break
+            if state and steps % state.every == 0:
+                agreed, why = state.agree(position, SIGNAL if stop.requested else CONTINUE)
+                if why != CONTINUE:
+                    return position, agreed, why
     except Stopped:
         pass  # the minibatch in hand, if any, is neither recorded nor counted
-    return position
+    why = SIGNAL if stop.requested else END
+    if state is None:
+        return position, None, why
+    agreed, why = state.agree(position, why)
+    return position, agreed, why
 
 
 def run_job(cfg, report=None, record=None, progress=True, world=None):
@@ -101,7 +117,8 @@ def run_job(cfg, report=None, record=None, progress=True, world=None):
         if record:
             recorder = Recorder(record, catalog, world)
             stack.callback(recorder.close)
-        state = StateFile(cfg.run.state_file, world, len(catalog), cfg.plan) if cfg.run.state_file else None
+        state = StateFile(cfg.run.state_file, world, len(catalog), cfg.plan, cfg.run.state_every,
+                          cfg.plan.epochs) if cfg.run.state_file else None
         start = state.load() if state else planlib.Position()
         if start != planlib.Position() and progress:
             print(f"stager: resuming from epoch {start.epoch}, {start.consumed} samples into it ({state.path})",
@@ -124,16 +141,15 @@ def run_job(cfg, report=None, record=None, progress=True, world=None):
         epochs = set()
         # An error ends the job (MPI_Abort) from inside the loop; a stop (a
         # signal, max_batches, the plan's end) leaves it at a step boundary.
-        position = _loop(pipe, stop, compute_s, cfg.run.max_batches, recorder, bar, epochs, start)
+        position, agreed, why = _loop(pipe, stop, compute_s, cfg.run.max_batches, recorder, bar, epochs, start,
+                                      state)
         if recorder and cfg.staging.capacity:  # a bounded cache's counters are worth a record
             recorder.cache(pipe.stats.cache_table())
-        if state:  # collective: every rank gets here once
-            agreed, complete = state.settle(position, cfg.plan.epochs)
-            if stop.requested and not complete and world.rank == 0:
-                print(f"stager: stopped; the job resumes from epoch {agreed.epoch}, {agreed.consumed} samples into "
-                      f"it ({state.path})", file=sys.stderr)
-        if stop.requested:
-            stop.exit()  # the signal's exit, through every with-block's clean-up
+        if state and world.rank == 0 and not (cfg.plan.epochs and agreed.epoch >= cfg.plan.epochs):
+            print(f"stager: stopped; the job resumes from epoch {agreed.epoch}, {agreed.consumed} samples into it "
+                  f"({state.path})", file=sys.stderr)
+        if why == SIGNAL:  # on every rank alike, whichever was signalled: none waits in the gather below
+            stop.exit()
         wall = time.perf_counter() - begin
         bar.close()
     summary = {"mode": "staged" if cfg.staging.enabled else "direct", "epochs": len(epochs),

@@ -1,16 +1,23 @@
 """``stager run``'s state file: one global position, agreed by every rank, written once.
 
 The ranks of ``stager run`` do not step in lockstep, so when a run stops
-(SIGTERM, preemption, ``run.max_batches``) they stand at different steps.
-Each rank saving its own position would resume them at different points
-with different numbers of steps left, which would deadlock a training loop
-that synchronises every step. Instead every rank takes part in one
-collective when its loop ends: the positions are gathered, the smallest (a
-position every rank has reached) is the job's, and rank 0 writes it
-atomically (temporary name, rename). A resuming run has rank 0 read it and
-give it to every rank, so all start at one global position and, on any
+(SIGTERM, preemption, a failure) they stand at different steps. Each rank
+saving its own position would resume them at different points with
+different numbers of steps left, which would deadlock a training loop that
+synchronises every step. Instead the ranks agree: every ``run.state_every``
+steps, and once when a rank leaves its loop, every rank takes part in one
+gather of ``(position, leaving)``; the smallest position (one every rank has
+reached) is the job's, and rank 0 writes it atomically (temporary name,
+rename). When any rank is leaving (a stop signal, ``run.max_batches``, the
+plan's end), every rank leaves after that same agreement, so each makes the
+same number of collective calls whatever stopped it, and none waits for one
+that never comes. A failing rank takes no part: the job ends (``MPI_Abort``)
+and the last agreed position stands. A resuming run has rank 0 read the file
+and give it to every rank, so all start at one global position and, on any
 number of ranks, take equal numbers of steps through the same global order.
 """
+
+CONTINUE, END, SIGNAL = 0, 1, 2  # why a rank comes to an agreement
 
 import glob
 import json
@@ -22,25 +29,29 @@ from ..world import agree
 
 
 class StateFile:
-    """The position a stopped run resumes from (``run.state_file``); ``load`` and ``settle`` are collective.
+    """The position a stopped run resumes from (``run.state_file``); ``load`` and ``agree`` are collective.
 
     Args:
         path: ``run.state_file``.
         world: The ``World``.
         samples: Catalog size.
         plan: The ``PlanConfig``.
+        every: ``run.state_every``: steps between agreements.
+        epochs: ``plan.epochs`` (0: no end).
 
     Raises:
         StagerError: With several ranks but no communicator, which could not
             agree on one position.
     """
 
-    def __init__(self, path, world, samples, plan):
+    def __init__(self, path, world, samples, plan, every=1, epochs=0):
         if world.size > 1 and world.comm is None:
             raise StagerError(f"run.state_file {path} needs the {world.size} ranks to agree on one position, but "
                               f"this run has no communicator ({world.source}): start it under mpiexec, srun or "
                               "torchrun with world.backend auto, mpi or torch")
         self.path, self.world, self.samples, self.plan = path, world, samples, plan
+        self.every, self.epochs = every, epochs
+        self._cleared = False
 
     def _legacy(self):
         """Per-rank files (``<path>.rank<r>``) that stager 0.x wrote, rank by rank."""
@@ -84,37 +95,49 @@ class StateFile:
 
     def load(self):
         """The ``plan.Position`` a stopped run saved (rank 0 reads it, every rank gets it), or the start."""
-        return agree(self.world.comm, self._read_saved, StagerError)
+        return agree(self.world.comm, self._read_saved, lambda text: StagerError(f"on rank 0: {text}"))
 
-    def settle(self, position, epochs):
-        """Agrees on the job's position and saves it (collective: every rank calls it once, at its loop's end).
+    def agree(self, position, why, epochs=None):
+        """One agreement (collective: every rank calls it at the same step count, or when it leaves).
 
         Args:
             position: Where this rank's reading stands.
-            epochs: ``plan.epochs`` (0: no end).
+            why: ``CONTINUE`` (a periodic agreement), ``END`` (this rank's loop
+                ended: ``run.max_batches`` or the plan's end) or ``SIGNAL``
+                (it was asked to stop).
+            epochs: ``plan.epochs`` (0: no end); default: the constructor's.
 
         Returns:
-            ``(agreed, complete)``: the smallest position of all ranks, and
-            whether it is the end of the plan (then the state is removed).
+            ``(agreed, why)``: the smallest position of all ranks, and the
+            strongest reason among them; unless it is ``CONTINUE``, every rank
+            leaves its loop now, rank 0 has saved ``agreed`` (or, at the end
+            of the plan, removed the state) before any rank returns.
         """
         comm = self.world.comm
-        mine = (position.epoch, position.consumed)
-        agreed = planlib.Position(*min(comm.allgather(mine))) if comm is not None else position
+        epochs = self.epochs if epochs is None else epochs
+        mine = (position.epoch, position.consumed, why)
+        gathered = comm.allgather(mine) if comm is not None else [mine]
+        agreed = planlib.Position(*min((e, c) for e, c, _ in gathered))
+        why = max(w for _, _, w in gathered)
+        if why == CONTINUE:
+            if self.world.rank == 0:  # its failure ends the job (abort_on_error), the others need not wait
+                self._write(agreed)
+            return agreed, why
         complete = bool(epochs) and agreed.epoch >= epochs
-        # agree(): the other ranks wait until rank 0 has written (a rank that
-        # exits first may get the job killed) and learn if it could not.
+        # agree(): the ranks wait until rank 0 has written (a rank that exits
+        # first may get the job killed) and learn if it could not.
         agree(comm, lambda: self._remove() if complete else self._write(agreed),
               lambda text: StagerError(f"rank 0 could not write run.state_file {self.path}: {text}"))
-        return agreed, complete
+        return agreed, why
 
     def _write(self, position):
         tmp = f"{self.path}.part{os.getpid()}"
         with open(tmp, "w", encoding="utf-8") as fh:
             json.dump(planlib.resume_state(position, self.samples, self.plan, self.world.size), fh)
-            fh.flush()
-            os.fsync(fh.fileno())
         os.replace(tmp, self.path)
-        self._remove(legacy_only=True)
+        if not self._cleared:  # files of an older stager, replaced by this one
+            self._remove(legacy_only=True)
+            self._cleared = True
 
     def _remove(self, legacy_only=False):
         paths = list(self._legacy().values()) + ([] if legacy_only else [self.path])

@@ -76,7 +76,10 @@ class StopRequest:
             self._waiting = False
 
     def exit(self):
-        """Ends the process as the signal would have: SIGINT as ``KeyboardInterrupt``, else ``SystemExit``."""
+        """Ends the process as the signal would have: SIGINT as ``KeyboardInterrupt``, else ``SystemExit``.
+
+        A rank that another rank's signal stopped exits as if it had had SIGTERM.
+        """
         if self.signum == signal.SIGINT:
             raise KeyboardInterrupt
-        raise SystemExit(128 + self.signum)
+        raise SystemExit(128 + (self.signum or signal.SIGTERM))
