@@ -287,9 +287,11 @@ def test_a_job_ended_by_one_rank_keeps_the_records_of_every_delivered_minibatch(
     rec = tmp_path / "rec"
     env = dict(os.environ, STAGER_TEST_RECORDS=str(rec), STAGER_TEST_FAULT=fault, PYTHONPATH=os.pathsep.join(
         [os.path.join(REPO, "tests", "helpers"), os.environ.get("PYTHONPATH", "")]))
+    state = tmp_path / "state.json"
     proc = mpirun(LAYOUTS["4 ranks on 2 nodes"],
                   ["run", job, "--quiet", "--record", str(rec), "--set", "dataset.loader=faults:hold_then_fail_on_rank_2",
-                   "--set", "reader.workers=1", "--set", "plan.epochs=0"], tmp_path, timeout=120, env=env)
+                   "--set", "reader.workers=1", "--set", "plan.epochs=0", "--set", f"run.state_file={state}"],
+                  tmp_path, timeout=120, env=env)
     assert proc.returncode != 0
     if fault == "fail":
         assert "injected failure on rank 2" in proc.stderr and "aborting the MPI job" in proc.stderr
@@ -304,4 +306,8 @@ def test_a_job_ended_by_one_rank_keeps_the_records_of_every_delivered_minibatch(
     for node, ranks in (("a", (0, 1)), ("b", (2, 3))):
         delivered = {p for r in ranks for x in reads[r] for p in x["samples"]}
         assert delivered <= {f["path"] for f in staged[node]}, f"node {node}'s staged files of those minibatches"
+    # The ranks agreed after each step; the job ended before or after rank 0 wrote the second agreement.
+    saved = json.loads(state.read_text())
+    assert saved["epoch"] == 0 and saved["position"] in (4 * 8, 2 * 4 * 8)
+    assert sorted(p.name for p in tmp_path.glob("state.json*")) == ["state.json"]
     assert_nothing_left(tmp_path, job)
