@@ -15,7 +15,7 @@ import uuid
 from .basedir import check_base, not_writable
 from .errors import ConfigError
 from .janitor import Janitor
-from .leftovers import LOCK, OWNER, is_marked, sweep_at_start, write_owner
+from .leftovers import LOCK, is_marked, sweep_at_start, write_owner
 
 
 LOCAL_DIR_ENV = "STAGER_LOCAL_DIR"
@@ -102,7 +102,7 @@ class JobDir:
         First the base is checked (``basedir.check_base``) and the
         directories of this user's dead jobs under it are removed
         (``leftovers``). A directory that exists already is reused only if
-        stager made it (it holds an owner record) or it is empty: files
+        stager made it (its ``.lock`` holds an owner record) or it is empty: files
         stager did not write are never deleted, so the job is refused.
         Unless ``keep`` is set, a janitor process removes the directory
         should this process die before ``remove()``.
@@ -116,7 +116,7 @@ class JobDir:
             if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
                 raise ConfigError(f"staging directory {self.path} exists and is not a directory "
                                   "owned by this user") from None
-            foreign = sorted(set(os.listdir(self.path)) - {LOCK, OWNER})
+            foreign = sorted(set(os.listdir(self.path)) - {LOCK})
             if foreign and not is_marked(self.path):
                 shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
                 raise ConfigError(f"staging directory {self.path} exists and holds files stager did not write "
@@ -135,7 +135,7 @@ class JobDir:
             self._lock = None
             raise ConfigError(f"staging directory {self.path} is in use by another job or job step; give this "
                               "one its own staging.job_id") from None
-        write_owner(self.path, self.keep)  # after the lock: a sweep never takes a directory being made
+        write_owner(self._lock, self.keep)  # after the lock: a sweep never takes a directory being made
         self._created = True
         if not self.keep:
             self._janitor = Janitor(self.path)

@@ -2,10 +2,10 @@
 
 The janitor removes a job directory when its owner dies, but a node reboot
 or an out-of-memory kill of the whole process group takes the janitor too,
-and the directory would stay forever. So each job directory holds a small
-owner record (``.stager-owner``: host, pid and the pid's start time, whether
-the job keeps its files), and the owner holds an ``flock`` on its ``.lock``
-for as long as it runs. A directory under a base is a leftover when it is
+and the directory would stay forever. So the owner holds an ``flock`` on the
+job directory's ``.lock`` for as long as it runs, and writes into that file a
+small owner record (host, pid and the pid's start time, whether the job keeps
+its files). A directory under a base is a leftover when it is
 this user's, its record names this host, the job did not ask to keep it,
 the recorded process no longer runs, and nobody holds its lock. A node
 leader removes leftovers at start (``JobDir.create``); ``stager clean`` does
@@ -22,7 +22,6 @@ import socket
 import stat
 from dataclasses import dataclass
 
-OWNER = ".stager-owner"
 LOCK = ".lock"
 PREFIX = "stager-"
 
@@ -38,18 +37,17 @@ def _start_time(pid):
         return None
 
 
-def write_owner(path, keep):
-    """Records this process as the owner of the job directory ``path`` (call with its lock held)."""
+def write_owner(lock_fd, keep):
+    """Records this process as the owner in the job directory's lock file (open as ``lock_fd``, locked)."""
     record = {"host": socket.gethostname(), "pid": os.getpid(), "start": _start_time(os.getpid()), "keep": keep}
-    tmp = os.path.join(path, OWNER + ".part")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(record, fh)
-    os.replace(tmp, os.path.join(path, OWNER))
+    data = json.dumps(record).encode()
+    os.ftruncate(lock_fd, 0)
+    os.pwrite(lock_fd, data, 0)
 
 
 def is_marked(path):
-    """Whether ``path`` holds an owner record, that is, stager made it."""
-    return os.path.isfile(os.path.join(path, OWNER))
+    """Whether the directory ``path`` holds an owner record, that is, stager made it."""
+    return _owner(path) is not None
 
 
 @dataclass(frozen=True)
@@ -82,10 +80,10 @@ def _size(path):
 
 def _owner(path):
     try:
-        with open(os.path.join(path, OWNER), encoding="utf-8") as fh:
-            record = json.load(fh)
+        with open(os.path.join(path, LOCK), "rb") as fh:
+            record = json.loads(fh.read(4096))
         return record if isinstance(record, dict) else None
-    except (OSError, ValueError):
+    except (OSError, ValueError):  # none, or one being written
         return None
 
 
