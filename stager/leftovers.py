@@ -109,7 +109,7 @@ def _examine(path, dry_run):
         except BlockingIOError:
             return Leftover(path, False, "its lock is held")
         nbytes = _size(path)
-        why = f"its job is gone (owner pid {pid} on {host} no longer runs, nobody holds its lock)"
+        why = f"owner pid {pid} on {host} no longer runs, nobody holds its lock"
         if not dry_run:
             # Held until the directory is gone: a job starting with the same
             # id meanwhile finds the lock taken and says so, rather than losing files.
@@ -164,7 +164,7 @@ def clean(base, dry_run=False, out=print):
     verb = "would remove" if dry_run else "removed"
     for item in items:
         if item.removed:
-            out(f"{verb} {item.path}: {item.why}; {item.nbytes / 1e6:.1f} MB")
+            out(f"{verb} {item.path}: its job is gone ({item.why}); {item.nbytes / 1e6:.1f} MB")
         else:
             out(f"left {item.path}: {item.why}")
     gone = [i for i in items if i.removed]
