@@ -131,7 +131,7 @@ class StateFile:
         return agreed, why
 
     def _write(self, position):
-        tmp = f"{self.path}.part{os.getpid()}"
+        tmp = self.path + ".part"  # one name: a write cut short by a kill is overwritten, or removed, next time
         with open(tmp, "w", encoding="utf-8") as fh:
             json.dump(planlib.resume_state(position, self.samples, self.plan, self.world.size), fh)
         os.replace(tmp, self.path)
@@ -140,7 +140,7 @@ class StateFile:
             self._cleared = True
 
     def _remove(self, legacy_only=False):
-        paths = list(self._legacy().values()) + ([] if legacy_only else [self.path])
+        paths = list(self._legacy().values()) + ([] if legacy_only else [self.path, self.path + ".part"])
         for path in paths:
             try:
                 os.unlink(path)
