@@ -54,7 +54,7 @@ class StateFile:
         self._cleared = False
 
     def _legacy(self):
-        """Per-rank files (``<path>.rank<r>``) that stager 0.x wrote, rank by rank."""
+        """Per-rank files (``<path>.rank<r>``) that an older stager wrote, rank by rank."""
         found = {}
         for name in glob.glob(glob.escape(self.path) + ".rank*"):
             suffix = name[len(self.path) + 5:]
