@@ -227,6 +227,11 @@ def _cmd_whatif(args):
                        args.capacity or [None], catalog, plan_cfg, ahead)
     print(whatif.markdown(rows))
     return 0
+def _cmd_clean(args):
+    from .jobdir import local_base
+    from .leftovers import clean
+
+    return clean(os.path.abspath(args.base or local_base(None)), args.dry_run)
 
 
 def _cmd_config(args):
@@ -399,6 +404,15 @@ def build_parser():
     p.add_argument("--capacity", type=lambda t: [x for x in t.split(",") if x],
                    help="cache capacities: bytes (500M) or a share of the dataset (50%%); needs CONFIG")
     p.set_defaults(func=_cmd_whatif)
+    p = sub.add_parser("clean", help="remove staging directories of this user's jobs that are gone",
+                       description="Remove the stager-* directories under BASE that belong to this user's jobs on "
+                                   "this host whose process is gone and whose lock nobody holds (a node reboot, or "
+                                   "the out-of-memory killer taking a job and its janitor). Live and kept "
+                                   "directories, and directories stager did not make, are left alone.")
+    p.add_argument("base", nargs="?", metavar="BASE", help="the node-local base directory (default: "
+                                                          "$STAGER_LOCAL_DIR, $SLURM_TMPDIR, $TMPDIR or /tmp)")
+    p.add_argument("--dry-run", action="store_true", help="only say what would be removed")
+    p.set_defaults(func=_cmd_clean)
 
     p = sub.add_parser("config", help="print the effective config (all keys, with defaults)",
                        description="Print the effective configuration as YAML: CONFIG (optional) with "

@@ -12,8 +12,10 @@ import socket
 import stat
 import uuid
 
+from .basedir import check_base, not_writable
 from .errors import ConfigError
 from .janitor import Janitor
+from .leftovers import LOCK, is_marked, sweep_at_start, write_owner
 
 
 LOCAL_DIR_ENV = "STAGER_LOCAL_DIR"
@@ -26,11 +28,18 @@ def local_base(configured, with_env=True):
     directory, which they derive from this same order and create on every
     node. Then the config's setting, ``$SLURM_TMPDIR``, ``$TMPDIR``, ``/tmp``.
     """
-    first = os.environ.get(LOCAL_DIR_ENV) if with_env else None
-    for candidate in (first, configured, os.environ.get("SLURM_TMPDIR"), os.environ.get("TMPDIR")):
+    return named_local_base(configured, with_env)[0]
+
+
+def named_local_base(configured, with_env=True):
+    """``(local_base(...), where it came from)``, the second for messages: ``staging.local_dir``, ``$TMPDIR``..."""
+    candidates = ((f"${LOCAL_DIR_ENV}", os.environ.get(LOCAL_DIR_ENV) if with_env else None),
+                  ("staging.local_dir", configured), ("$SLURM_TMPDIR", os.environ.get("SLURM_TMPDIR")),
+                  ("$TMPDIR", os.environ.get("TMPDIR")))
+    for name, candidate in candidates:
         if candidate:
-            return candidate
-    return "/tmp"
+            return candidate, name
+    return "/tmp", "the default local directory"
 
 
 def job_id(configured):
@@ -69,7 +78,8 @@ class JobDir:
     """
 
     def __init__(self, staging, source, ident, world):
-        base = os.path.abspath(local_base(staging.local_dir))
+        base, self._base_name = named_local_base(staging.local_dir)
+        base = self.base = os.path.abspath(base)
         name = f"stager-{ident}"
         if world.emulated_node:
             name += f"-{world.node}"
@@ -89,10 +99,16 @@ class JobDir:
     def create(self):
         """Makes the directory 0700; reuses one this user already owns (a kept job).
 
-        Unless ``keep`` is set, a janitor process removes the directory should
-        this process die before ``remove()``.
+        First the base is checked (``basedir.check_base``) and the
+        directories of this user's dead jobs under it are removed
+        (``leftovers``). A directory that exists already is reused only if
+        stager made it (its ``.lock`` holds an owner record) or it is empty: files
+        stager did not write are never deleted, so the job is refused.
+        Unless ``keep`` is set, a janitor process removes the directory
+        should this process die before ``remove()``.
         """
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        check_base(self.base, self._base_name)
+        sweep_at_start(self.base)
         try:
             os.mkdir(self.path, 0o700)
         except FileExistsError:
@@ -100,10 +116,18 @@ class JobDir:
             if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
                 raise ConfigError(f"staging directory {self.path} exists and is not a directory "
                                   "owned by this user") from None
+            foreign = sorted(set(os.listdir(self.path)) - {LOCK})
+            if foreign and not is_marked(self.path):
+                shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+                raise ConfigError(f"staging directory {self.path} exists and holds files stager did not write "
+                                  f"({shown}); stager never deletes them: move them away, or give this job "
+                                  "another staging.job_id") from None
+        except OSError as exc:
+            raise not_writable(exc, self.base, self._base_name) or exc from None
         os.chmod(self.path, 0o700)
         # One user of the directory at a time: a second job step with the
         # same id would otherwise delete the first one's files at its end.
-        self._lock = os.open(os.path.join(self.path, ".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        self._lock = os.open(os.path.join(self.path, LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -111,6 +135,7 @@ class JobDir:
             self._lock = None
             raise ConfigError(f"staging directory {self.path} is in use by another job or job step; give this "
                               "one its own staging.job_id") from None
+        write_owner(self._lock, self.keep)  # after the lock: a sweep never takes a directory being made
         self._created = True
         if not self.keep:
             self._janitor = Janitor(self.path)

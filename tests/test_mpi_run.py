@@ -1,16 +1,19 @@
 """``stager run`` under the mpich wheel's mpiexec: 1 rank, and 4 ranks as two
 emulated nodes of two ranks (``STAGER_NODE_ID``)."""
 
+import contextlib
 import json
 import os
 import select
+import signal
 import subprocess
 import sys
+import threading
 from collections import Counter
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, child_pids
 from stager import plan
 from stager.catalog import Catalog
 from stager.config import PlanConfig
@@ -192,4 +195,189 @@ def test_a_bounded_cache_reports_per_node_and_epoch_in_records_and_report(tmp_pa
         assert rows[1]["evictions"] > 0 and max(r["peak_bytes"] for r in rows) <= per_node_share_bytes // 2
         assert report["node_cache"][node] == rows
     assert report["cache"][1]["misses"] == sum(report["node_cache"][n][1]["misses"] for n in ("a", "b"))
+    assert_nothing_left(tmp_path, job)
+
+
+RESUME_LAYOUTS = {"2 ranks": [("a", 2)], "4 ranks on 2 nodes": [("a", 2), ("b", 2)]}
+
+
+def sigterm_mpirun(nodes, args, tmp_path, env, after_lines=2):
+    """Starts ``stager ARGS`` under mpiexec, sends mpiexec SIGTERM (which it passes to every rank) once
+    rank 0's progress has printed ``after_lines`` lines, and returns (exit code, stderr)."""
+    cmd = [MPIEXEC]
+    for i, (node, ranks) in enumerate(nodes):
+        cmd += ([":"] if i else []) + ["-n", str(ranks), "-env", "STAGER_NODE_ID", node, sys.executable, "-m",
+                                       "stager", *args]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    seen, err = 0, []
+    timer = watchdog(proc)
+    try:
+        for line in proc.stderr:
+            err.append(line)
+            if "minibatches" in line:
+                seen += 1
+                if seen == after_lines:
+                    proc.send_signal(signal.SIGTERM)  # what Slurm's --signal or scancel does
+        return proc.wait(timeout=120), "".join(err)
+    finally:
+        timer.cancel()
+        kill_job(proc)
+
+
+@pytest.mark.parametrize("first,second", [("4 ranks on 2 nodes", "4 ranks on 2 nodes"),
+                                          ("2 ranks", "4 ranks on 2 nodes")])
+def test_sigterm_saves_one_agreed_position_that_resumes_exactly_on_any_number_of_ranks(tmp_path, first, second):
+    job = write_job(tmp_path)
+    state = tmp_path / "state.json"
+    env = dict(os.environ, TMPDIR=str(tmp_path), PYTHONPATH=os.pathsep.join(
+        [os.path.join(REPO, "tests", "helpers"), os.environ.get("PYTHONPATH", "")]))
+    common = ["--quiet", "--set", f"run.state_file={state}", "--set", "plan.epochs=4"]
+    # Rank 1 decodes slowly, so the others run ahead of it and the ranks stop at different steps.
+    code, err = sigterm_mpirun(RESUME_LAYOUTS[first], ["run", job, "--record", str(tmp_path / "rec1"), *common[1:],
+                                                       "--set", "run.compute_ms=40",
+                                                       "--set", "dataset.loader=faults:slow_on_rank_1"],
+                               tmp_path, env)
+    assert code == 128 + signal.SIGTERM, err
+    assert "stopped; the job resumes from epoch" in err
+    assert sorted(p.name for p in tmp_path.glob("state.json*")) == ["state.json"], "one state file, written once"
+    saved = json.loads(state.read_text())
+    agreed = plan.Position(saved["epoch"], saved["position"])
+    assert agreed.epoch < 4, "stopped mid-way"
+    assert_nothing_left(tmp_path, job)
+
+    catalog = Catalog.from_manifest(str(tmp_path / "data"), "manifest.tsv")
+    cfg = PlanConfig(batch_size=8, epochs=4, seed=7)
+    size1 = sum(r for _, r in RESUME_LAYOUTS[first])
+    reads1, _ = read_records(tmp_path / "rec1")
+    before = {}  # per rank: what the first run read up to the agreed position
+    reached = []
+    for r, lines in reads1.items():
+        planned = list(plan.iterate(SAMPLES, cfg, rank=r, size=size1))
+        assert [x["samples"] for x in lines] == [[catalog.path(i) for i in m.indices] for m in planned[:len(lines)]]
+        position = plan.Position()
+        for m in planned[:len(lines)]:
+            position = position.after(m)
+            if (position.epoch, position.consumed) <= (agreed.epoch, agreed.consumed):
+                before.setdefault(r, []).append(m)
+        reached.append(position)
+    assert min(reached, key=lambda p: (p.epoch, p.consumed)) == agreed, "the position is the smallest any rank reached"
+
+    second_run = mpirun(RESUME_LAYOUTS[second], ["run", job, "--record", str(tmp_path / "rec2"), *common], tmp_path,
+                        env=env)
+    assert second_run.returncode == 0, second_run.stderr
+    assert not list(tmp_path.glob("state.json*")), "a completed run removes its state"
+    size2 = sum(r for _, r in RESUME_LAYOUTS[second])
+    reads2, _ = read_records(tmp_path / "rec2")
+    assert sorted(reads2) == list(range(size2))
+    assert len({len(lines) for lines in reads2.values()}) == 1, "every rank takes the same number of steps"
+    for r, lines in reads2.items():
+        expected = [(m.epoch, m.step, [catalog.path(i) for i in m.indices])
+                    for m in plan.iterate(SAMPLES, cfg, agreed.epoch, agreed.consumed, rank=r, size=size2)]
+        assert [(x["epoch"], x["step"], x["samples"]) for x in lines] == expected
+    for epoch in range(4):
+        union = Counter([catalog.path(i) for ms in before.values() for m in ms if m.epoch == epoch for i in m.indices]
+                        + [p for lines in reads2.values() for x in lines if x["epoch"] == epoch for p in x["samples"]])
+        assert sorted(union) == sorted(catalog.paths()) and set(union.values()) == {1}, \
+            f"epoch {epoch}: the two runs together read every sample exactly once"
+    assert_nothing_left(tmp_path, job)
+
+
+@pytest.mark.parametrize("fault", ["fail", "kill"])
+def test_a_job_ended_by_one_rank_keeps_the_records_of_every_delivered_minibatch(tmp_path, fault):
+    job = write_job(tmp_path)
+    rec = tmp_path / "rec"
+    env = dict(os.environ, STAGER_TEST_RECORDS=str(rec), STAGER_TEST_FAULT=fault, PYTHONPATH=os.pathsep.join(
+        [os.path.join(REPO, "tests", "helpers"), os.environ.get("PYTHONPATH", "")]))
+    state = tmp_path / "state.json"
+    proc = mpirun(LAYOUTS["4 ranks on 2 nodes"],
+                  ["run", job, "--quiet", "--record", str(rec),
+                   "--set", "dataset.loader=faults:hold_then_fail_on_rank_2", "--set", "reader.workers=1", "--set", "plan.epochs=0", "--set", f"run.state_file={state}"],
+                  tmp_path, timeout=120, env=env)
+    assert proc.returncode != 0
+    if fault == "fail":
+        assert "injected failure on rank 2" in proc.stderr and "aborting the MPI job" in proc.stderr
+    catalog = Catalog.from_manifest(str(tmp_path / "data"), "manifest.tsv")
+    cfg = PlanConfig(batch_size=8, epochs=0, seed=7)
+    reads, staged = read_records(rec)
+    for r in range(4):
+        planned = [[catalog.path(i) for i in m.indices] for m, _ in zip(plan.iterate(SAMPLES, cfg, rank=r, size=4),
+                                                                         range(2))]
+        # Each rank's one reader decoded two minibatches and held (or failed) in the third.
+        assert [x["samples"] for x in reads.get(r, [])] == planned, f"rank {r}'s delivered minibatches"
+    for node, ranks in (("a", (0, 1)), ("b", (2, 3))):
+        delivered = {p for r in ranks for x in reads[r] for p in x["samples"]}
+        assert delivered <= {f["path"] for f in staged[node]}, f"node {node}'s staged files of those minibatches"
+    # The ranks agreed after each step; the job ended before or after rank 0 wrote the second agreement.
+    saved = json.loads(state.read_text())
+    assert saved["epoch"] == 0 and saved["position"] in (4 * 8, 2 * 4 * 8)
+    # A kill can cut rank 0's write of the next one short: its temporary file stays, the state is whole.
+    assert sorted(p.name for p in tmp_path.glob("state.json*")) in (["state.json"], ["state.json", "state.json.part"])
+    assert_nothing_left(tmp_path, job)
+
+
+def kill_job(proc, close=True):
+    """Ends a job that outlived its test: its ranks first (one stuck in MPI_Init ignores mpiexec's end), then mpiexec."""
+    if proc.poll() is None:
+        for pid in rank_pids(proc.pid).values():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        proc.wait()
+    if close:
+        proc.stderr.close()
+
+
+def watchdog(proc, seconds=120):
+    """A started timer that ends the job after ``seconds``: a job that never prints must not hang its test."""
+    timer = threading.Timer(seconds, kill_job, [proc, False])
+    timer.daemon = True
+    timer.start()
+    return timer
+
+
+def rank_pids(mpiexec):
+    """``{rank: pid}`` of the ranks of the job ``mpiexec`` (a pid) started: its proxies' children, by ``PMI_RANK``."""
+    ranks = {}
+    for proxy in child_pids(mpiexec) if os.path.exists(f"/proc/{mpiexec}") else ():
+        for pid in child_pids(proxy):
+            try:
+                with open(f"/proc/{pid}/environ", "rb") as fh:
+                    env = dict(v.split(b"=", 1) for v in fh.read().split(b"\0") if b"=" in v)
+            except OSError:  # gone meanwhile
+                continue
+            ranks[int(env[b"PMI_RANK"])] = pid
+    return ranks
+
+
+def test_sigterm_to_one_rank_stops_every_rank_at_one_agreed_step(tmp_path):
+    job = write_job(tmp_path)
+    state = tmp_path / "state.json"
+    cmd = [MPIEXEC, "-n", "2", "-env", "STAGER_NODE_ID", "a", sys.executable, "-m", "stager", "run", job,
+           "--record", str(tmp_path / "rec"), "--set", f"run.state_file={state}", "--set", "plan.epochs=20",
+           "--set", "run.compute_ms=40"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, TMPDIR=str(tmp_path)))
+    err = []
+    timer = watchdog(proc)
+    try:
+        for line in proc.stderr:
+            err.append(line)
+            if sum("minibatches" in x for x in err) == 2:  # rank 0's progress: some steps done
+                break
+        os.kill(rank_pids(proc.pid)[1], signal.SIGTERM)  # rank 1 alone, as a stray kill would
+        err += proc.stderr.readlines()
+        code = proc.wait(timeout=120)
+    finally:
+        timer.cancel()
+        kill_job(proc)
+    assert code == 128 + signal.SIGTERM, "".join(err)
+    saved = json.loads(state.read_text())
+    reads, _ = read_records(tmp_path / "rec")
+    steps = [len(reads[r]) for r in (0, 1)]
+    # Rank 0 learnt of the stop at the next agreement (after each step), so it went at most one step further.
+    assert saved["epoch"] < 20 and 0 < min(steps) and max(steps) - min(steps) <= 1, steps
+    planned = list(plan.iterate(SAMPLES, PlanConfig(batch_size=8, epochs=20, seed=7), rank=0, size=2))
+    after = plan.Position().after(planned[min(steps) - 1])
+    assert (saved["epoch"], saved["position"]) == (after.epoch, after.consumed), "the step both ranks reached"
     assert_nothing_left(tmp_path, job)

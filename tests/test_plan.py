@@ -125,3 +125,21 @@ def test_1024_ranks_of_a_1_28m_catalog_read_every_sample_once_per_epoch():
     for rank in (0, 1023):
         direct = plan.epoch_minibatches(n, bs, 4, 1, rank=rank, size=size)
         assert all(np.array_equal(a, b) for a, b in zip(direct, plan.rank_share(order, bs, False, rank, size)))
+
+
+@pytest.mark.parametrize("n,batch,size,drop_last,remainder,start", [
+    (100, 4, 4, False, "pad", 0), (103, 4, 4, True, "pad", 0), (103, 3, 4, False, "drop", 36), (97, 5, 3, False,
+                                                                                                 "pad", 45)])
+def test_every_rank_stands_at_the_same_global_position_after_each_step(n, batch, size, drop_last, remainder, start):
+    # What makes a checkpoint taken by one rank (StagedLoader.state_dict, the
+    # state file) hold for all: after its k-th step every rank is at the same
+    # Position, so the ranks of a loop that steps together agree without talking.
+    cfg = PlanConfig(batch_size=batch, epochs=2, seed=4, drop_last=drop_last, remainder=remainder)
+    walks = []
+    for rank in range(size):
+        position, walk = plan.Position(0, start), []
+        for m in plan.iterate(n, cfg, 0, start, rank=rank, size=size):
+            position = position.after(m)
+            walk.append(position)
+        walks.append(walk)
+    assert all(walk == walks[0] for walk in walks) and walks[0][-1] == plan.Position(2, 0)

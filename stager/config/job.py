@@ -63,18 +63,25 @@ class RunConfig:
     Attributes:
         compute_ms: Simulated compute per step, in milliseconds.
         max_batches: Stop after this many minibatches; 0 = all.
-        state_file: Where the position is saved when the run is stopped
-            (SIGTERM, preemption) and read from at the next start, so that a
-            requeued job resumes exactly; ``.rank<r>`` is appended under MPI.
-            Removed when the run completes. None: no resume.
+        state_file: Where the job's position is saved, one file for all
+            ranks written by rank 0, and read from at the next start, so that
+            a stopped (SIGTERM, preemption) or failed job resumes exactly, on
+            the same or another number of ranks. Removed when the run
+            completes. None: no resume.
+        state_every: With a state file, the ranks agree on their position
+            and rank 0 saves it every this many steps (a collective, so the
+            ranks keep within that many steps of each other), and when the
+            run stops. A failure loses at most this many steps.
     """
 
     compute_ms: float = 0.0
     max_batches: int = 0
     state_file: Optional[str] = path_field(None)
+    state_every: int = 1
 
     def __post_init__(self):
         require(self.compute_ms >= 0 and self.max_batches >= 0, "run.compute_ms and run.max_batches must be 0 or more")
+        require(self.state_every >= 1, "run.state_every must be at least 1")
 
 
 

@@ -4,7 +4,8 @@ They drive the engine through its public names, as a user's training script
 would.
 """
 
-from .records import Recorder, StateFile
+from .records import Recorder
+from .state import StateFile
 from .runner import run_job
 from .source import ensure_synthetic, prepare_source
 from .synth import MANIFEST, make_dataset

@@ -15,8 +15,49 @@ from ..pipeline import Pipeline
 from ..report.collect import job_summary, rank_summary, write_report
 from ..world import detect
 from .progress import RunProgress
-from .records import Recorder, StateFile
+from .records import Recorder
+from .state import CONTINUE, END, SIGNAL, StateFile
 from .source import prepare_source
+from .stopping import StopRequest, Stopped
+
+
+def _loop(pipe, stop, compute_s, max_batches, recorder, bar, epochs, position, state):
+    """Iterates the pipeline as a training loop would.
+
+    Returns:
+        ``(position, agreed, why)``: the position after the last minibatch
+        counted; with a state file, the job's agreed position and why the
+        ranks left (``state.END`` or ``state.SIGNAL``), else None, None.
+    """
+    batches = iter(pipe)
+    steps = 0
+    try:
+        while not stop.requested:
+            with stop.interruptible():
+                batch = next(batches, None)
+                if batch is None:
+                    break
+                if compute_s:
+                    time.sleep(compute_s)  # stands in for the training step
+            epochs.add(batch.epoch)
+            if recorder:
+                recorder.batch(batch)
+            position = position.after(batch)
+            bar.update()
+            steps += 1
+            if max_batches and pipe.stats.batches >= max_batches:
+                break
+            if state and steps % state.every == 0:
+                agreed, why = state.agree(position, SIGNAL if stop.requested else CONTINUE)
+                if why != CONTINUE:
+                    return position, agreed, why
+    except Stopped:
+        pass  # the minibatch in hand, if any, is neither recorded nor counted
+    why = SIGNAL if stop.requested else END
+    if state is None:
+        return position, None, why
+    agreed, why = state.agree(position, why)
+    return position, agreed, why
 
 
 def run_job(cfg, report=None, record=None, progress=True, world=None):
@@ -44,16 +85,21 @@ def run_job(cfg, report=None, record=None, progress=True, world=None):
         if record:
             recorder = Recorder(record, catalog, world)
             stack.callback(recorder.close)
-        state = StateFile(cfg.run.state_file, world, len(catalog), cfg.plan) if cfg.run.state_file else None
+        state = StateFile(cfg.run.state_file, world, len(catalog), cfg.plan, cfg.run.state_every,
+                          cfg.plan.epochs) if cfg.run.state_file else None
         start = state.load() if state else planlib.Position()
         if start != planlib.Position() and progress:
-            print(f"stager: resuming from epoch {start.epoch}, {start.consumed} samples into it ({state.base})",
+            print(f"stager: resuming from epoch {start.epoch}, {start.consumed} samples into it ({state.path})",
                   file=sys.stderr)
         steps = planlib.steps_per_epoch(len(catalog), cfg.plan.batch_size, cfg.plan.drop_last, world.size,
                                         cfg.plan.remainder)
         total = steps * (cfg.plan.epochs - start.epoch) if cfg.plan.epochs else 0
         if cfg.run.max_batches:
             total = min(total, cfg.run.max_batches) if total else cfg.run.max_batches
+        # From here a stop signal is noted, and acted on at a step boundary
+        # (or out of a wait): never inside the pipeline's collective start,
+        # nor inside its close, which it would cut short.
+        stop = stack.enter_context(StopRequest())
         pipe = stack.enter_context(Pipeline(cfg, catalog, world=world, start=start,
                                             on_staged=recorder.staged if recorder else None))
         bar = RunProgress(total, "staged run" if cfg.staging.enabled else "direct run", pipe.stats,
@@ -62,30 +108,18 @@ def run_job(cfg, report=None, record=None, progress=True, world=None):
         begin = time.perf_counter()
         loop_begin = time.monotonic()
         epochs = set()
-        position = start
-        try:
-            for batch in pipe:
-                if compute_s:
-                    time.sleep(compute_s)  # stands in for the training step
-                epochs.add(batch.epoch)
-                if recorder:
-                    recorder.batch(batch)
-                position = position.after(batch)
-                bar.update()
-                if cfg.run.max_batches and pipe.stats.batches >= cfg.run.max_batches:
-                    break
-        except BaseException:
-            if state:  # stopped (SIGTERM, preemption, an error): the next start resumes here
-                state.save(position)
-            raise
+        # An error ends the job (MPI_Abort) from inside the loop; a stop (a
+        # signal, max_batches, the plan's end) leaves it at a step boundary.
+        position, agreed, why = _loop(pipe, stop, compute_s, cfg.run.max_batches, recorder, bar, epochs, start,
+                                      state)
+        loop_end = time.monotonic()
         if recorder and cfg.staging.capacity:  # a bounded cache's counters are worth a record
             recorder.cache(pipe.stats.cache_table())
-        if state:
-            if cfg.run.max_batches and (not cfg.plan.epochs or position.epoch < cfg.plan.epochs):
-                state.save(position)
-            else:
-                state.remove()
-        loop_end = time.monotonic()
+        if state and world.rank == 0 and not (cfg.plan.epochs and agreed.epoch >= cfg.plan.epochs):
+            print(f"stager: stopped; the job resumes from epoch {agreed.epoch}, {agreed.consumed} samples into it "
+                  f"({state.path})", file=sys.stderr)
+        if why == SIGNAL:  # on every rank alike, whichever was signalled: none waits in the gather below
+            stop.exit()
         wall = time.perf_counter() - begin
         bar.close()
     summary = rank_summary(pipe, wall, loop_begin=loop_begin, loop_end=loop_end,

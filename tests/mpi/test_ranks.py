@@ -233,6 +233,7 @@ def test_a_local_directory_too_deep_for_a_unix_socket_path_still_serves_the_node
     # A node's ranks reach its service through a Unix socket; sun_path holds
     # 107 bytes, and cluster scratch paths can be longer than that.
     deep = os.path.join(shared_dir, "scratch-of-a-rather-long-project-name", "x" * 90)
+    os.makedirs(os.path.dirname(deep), exist_ok=True)  # stager makes only the last part of a base
     cfg = config_from_dict({
         "dataset": {"source": os.path.join(shared_dir, "data"), "manifest": "manifest.tsv", "loader": "raw"},
         "plan": {"batch_size": 6, "seed": 2},
