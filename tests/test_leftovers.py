@@ -5,8 +5,10 @@ import os
 import select
 import signal
 import subprocess
+import tempfile
 
 from conftest import child_pids, stager_cmd
+from helpers.watch import wait_for_lines
 from test_cli import own_tmp
 
 
@@ -26,13 +28,13 @@ run: {{compute_ms: 20}}
 
 def start_run(job, tmp_path, *args):
     """Starts ``stager run JOB`` in a process group of its own and returns it once minibatches flow."""
-    proc = subprocess.Popen(stager_cmd("run", job, *args), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True, env=own_tmp(tmp_path), start_new_session=True)
-    for line in proc.stderr:
-        if "minibatches" in line:
-            return proc
+    records = tempfile.mkdtemp(prefix="records-", dir=tmp_path)
+    proc = subprocess.Popen(stager_cmd("run", job, "--record", records, *args), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, env=own_tmp(tmp_path), start_new_session=True)
+    if wait_for_lines(os.path.join(records, "rank-0.jsonl"), 1, proc.pid):
+        return proc
     proc.wait()
-    raise AssertionError(f"stager run ended early with {proc.returncode}")
+    raise AssertionError(f"stager run ended early with {proc.returncode}: {proc.stderr.read()}")
 
 
 def wait_gone(pids, timeout=15):

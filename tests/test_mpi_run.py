@@ -14,6 +14,7 @@ from collections import Counter
 import pytest
 
 from conftest import REPO, child_pids
+from helpers.watch import wait_for_lines
 from stager import plan
 from stager.catalog import Catalog
 from stager.config import PlanConfig
@@ -201,27 +202,26 @@ def test_a_bounded_cache_reports_per_node_and_epoch_in_records_and_report(tmp_pa
 RESUME_LAYOUTS = {"2 ranks": [("a", 2)], "4 ranks on 2 nodes": [("a", 2), ("b", 2)]}
 
 
-def sigterm_mpirun(nodes, args, tmp_path, env, after_lines=2):
+def sigterm_mpirun(nodes, args, tmp_path, env, records, after_lines=2):
     """Starts ``stager ARGS`` under mpiexec, sends mpiexec SIGTERM (which it passes to every rank) once
-    rank 0's progress has printed ``after_lines`` lines, and returns (exit code, stderr)."""
+    rank 0 has recorded ``after_lines`` minibatches in ``records``, and returns (exit code, stderr)."""
     cmd = [MPIEXEC]
     for i, (node, ranks) in enumerate(nodes):
         cmd += ([":"] if i else []) + ["-n", str(ranks), "-env", "STAGER_NODE_ID", node, sys.executable, "-m",
                                        "stager", *args]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
-    seen, err = 0, []
-    timer = watchdog(proc)
-    try:
-        for line in proc.stderr:
-            err.append(line)
-            if "minibatches" in line:
-                seen += 1
-                if seen == after_lines:
-                    proc.send_signal(signal.SIGTERM)  # what Slurm's --signal or scancel does
-        return proc.wait(timeout=120), "".join(err)
-    finally:
-        timer.cancel()
-        kill_job(proc)
+    os.makedirs(records, exist_ok=True)
+    with open(tmp_path / "mpiexec.err", "w+") as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, text=True, env=env)
+        timer = watchdog(proc)
+        try:
+            if wait_for_lines(os.path.join(records, "rank-0.jsonl"), after_lines, proc.pid):
+                proc.send_signal(signal.SIGTERM)  # what Slurm's --signal or scancel does
+            code = proc.wait(timeout=120)
+        finally:
+            timer.cancel()
+            kill_job(proc)
+        err.seek(0)
+        return code, err.read()
 
 
 @pytest.mark.parametrize("first,second", [("4 ranks on 2 nodes", "4 ranks on 2 nodes"),
@@ -233,10 +233,10 @@ def test_sigterm_saves_one_agreed_position_that_resumes_exactly_on_any_number_of
         [os.path.join(REPO, "tests", "helpers"), os.environ.get("PYTHONPATH", "")]))
     common = ["--quiet", "--set", f"run.state_file={state}", "--set", "plan.epochs=4"]
     # Rank 1 decodes slowly, so the others run ahead of it and the ranks stop at different steps.
-    code, err = sigterm_mpirun(RESUME_LAYOUTS[first], ["run", job, "--record", str(tmp_path / "rec1"), *common[1:],
+    code, err = sigterm_mpirun(RESUME_LAYOUTS[first], ["run", job, "--record", str(tmp_path / "rec1"), *common,
                                                        "--set", "run.compute_ms=40",
                                                        "--set", "dataset.loader=faults:slow_on_rank_1"],
-                               tmp_path, env)
+                               tmp_path, env, tmp_path / "rec1")
     assert code == 128 + signal.SIGTERM, err
     assert "stopped; the job resumes from epoch" in err
     assert sorted(p.name for p in tmp_path.glob("state.json*")) == ["state.json"], "one state file, written once"
@@ -324,7 +324,7 @@ def kill_job(proc, close=True):
         with contextlib.suppress(ProcessLookupError):
             proc.kill()
         proc.wait()
-    if close:
+    if close and proc.stderr is not None:
         proc.stderr.close()
 
 
@@ -356,22 +356,22 @@ def test_sigterm_to_one_rank_stops_every_rank_at_one_agreed_step(tmp_path):
     cmd = [MPIEXEC, "-n", "2", "-env", "STAGER_NODE_ID", "a", sys.executable, "-m", "stager", "run", job,
            "--record", str(tmp_path / "rec"), "--set", f"run.state_file={state}", "--set", "plan.epochs=20",
            "--set", "run.compute_ms=40"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, TMPDIR=str(tmp_path)))
-    err = []
-    timer = watchdog(proc)
-    try:
-        for line in proc.stderr:
-            err.append(line)
-            if sum("minibatches" in x for x in err) == 2:  # rank 0's progress: some steps done
-                break
-        os.kill(rank_pids(proc.pid)[1], signal.SIGTERM)  # rank 1 alone, as a stray kill would
-        err += proc.stderr.readlines()
-        code = proc.wait(timeout=120)
-    finally:
-        timer.cancel()
-        kill_job(proc)
-    assert code == 128 + signal.SIGTERM, "".join(err)
+    os.makedirs(tmp_path / "rec")
+    with open(tmp_path / "mpiexec.err", "w+") as errors:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=errors, text=True,
+                                env=dict(os.environ, TMPDIR=str(tmp_path)))
+        timer = watchdog(proc)
+        try:
+            # Rank 0 has recorded two steps: the ranks are in their loops.
+            assert wait_for_lines(tmp_path / "rec" / "rank-0.jsonl", 2, proc.pid)
+            os.kill(rank_pids(proc.pid)[1], signal.SIGTERM)  # rank 1 alone, as a stray kill would
+            code = proc.wait(timeout=120)
+        finally:
+            timer.cancel()
+            kill_job(proc)
+        errors.seek(0)
+        err = errors.read()
+    assert code == 128 + signal.SIGTERM, err
     saved = json.loads(state.read_text())
     reads, _ = read_records(tmp_path / "rec")
     steps = [len(reads[r]) for r in (0, 1)]
