@@ -148,11 +148,11 @@ def test_auto_grows_the_prefetchers_when_the_source_gets_4x_slower(many_files, t
             for batch in pipe:
                 seen.append((batch.epoch, batch.step, batch.indices.tolist()))
                 payload.append(batch.samples)
-                # The training step: 8 samples per 5 ms at most, a demand of up
-                # to 1,600 files/s (a few hundred on a busy machine: the CPU
-                # sets it). At 100 ms an open, 16 prefetchers (the most auto
-                # starts with on 2 cores) fetch 160 files/s: too few either way.
-                time.sleep(0.005)
+                # The training step: 8 samples per 40 ms, a demand of 200 files/s.
+                # At 25 ms an open that takes about 5 busy prefetchers, so the
+                # pool (16 at start on 2 cores) shrinks; at 100 ms it takes
+                # about 20, more than it kept, so it must grow again.
+                time.sleep(0.04)
                 if slowed_at is None and len(seen) >= 20:
                     # Once the pool has settled to the demand (it starts generous),
                     # or late enough to leave the tuner time to react.

@@ -127,6 +127,6 @@ def run_job(cfg, report=None, record=None, progress=True, world=None):
                            epochs=len(epochs), samples_in_catalog=len(catalog))
     summary["config"] = cfg.to_dict()
     summary = job_summary(world, summary)
-    if report and world.rank == 0:
+    if report and (world.comm is None or world.rank == 0):  # the job's report, or a rank's own without one
         write_report(report, summary)
     return summary
