@@ -9,7 +9,7 @@ import sys
 import yaml
 
 from .config import load_config
-from .cli_insight import add_insight_parsers
+from .cli_insight import add_insight_parsers, comma_numbers
 from .errors import StagerError
 from .slowfs import ENGINES
 
@@ -136,13 +136,6 @@ def _cmd_bench(args):
         report.update_doc(args.markdown, block, args.format)
     print(block)
     return 0
-
-
-def _ints(text):
-    try:
-        return [int(x) for x in text.split(",") if x]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected numbers separated by commas, got {text!r}") from None
 
 
 def _cmd_catalog(args):
@@ -274,8 +267,8 @@ def build_parser():
     p.add_argument("--open-ms", type=float, help="latency per open of the emulator (default 10)")
     p.add_argument("--mbps", type=float, help="emulator bandwidth in MB/s (default 500; 0: unlimited)")
     p.add_argument("--compute-ms", type=float, help="simulated compute per step, training scenario (default 40)")
-    p.add_argument("--prefetchers", type=_ints, help="prefetcher counts to sweep (default 2,4,8,12,16)")
-    p.add_argument("--readers", type=_ints, help="reader counts to sweep (default 2,4,8)")
+    p.add_argument("--prefetchers", type=comma_numbers(int), help="prefetcher counts to sweep (default 2,4,8,12,16)")
+    p.add_argument("--readers", type=comma_numbers(int), help="reader counts to sweep (default 2,4,8)")
     p.add_argument("--no-chainer", action="store_true", help="leave Chainer's MultiprocessIterator out")
     p.add_argument("--format", choices=("npy", "jpeg"), default="npy",
                    help="the workload: npy (uint8 arrays, default) or jpeg (256x256 JPEGs of about 115 KB, "

@@ -8,7 +8,8 @@ from .config import load_config
 from .errors import StagerError
 
 
-def _numbers(kind):
+def comma_numbers(kind):
+    """An argparse type: ``1,2,4`` as a list of ``kind``."""
     def parse(text):
         try:
             return [kind(x) for x in text.split(",") if x]
@@ -125,11 +126,12 @@ def add_insight_parsers(sub):
     p.add_argument("--report", metavar="RUN.json", help="a stager run --report whose totals refine the calibration")
     p.add_argument("--calibration", metavar="FILE.json", help="a calibration saved with --save")
     p.add_argument("--save", metavar="FILE.json", help="write the calibration")
-    p.add_argument("--prefetchers", type=_numbers(int), help="prefetcher counts (default 1,2,4,8,16)")
-    p.add_argument("--readers", type=_numbers(int), help="reader counts (default: the cores)")
-    p.add_argument("--open-ms", type=_numbers(float), help="latencies per open (default: measured)")
-    p.add_argument("--mbps", type=_numbers(float), help="bandwidths in MB/s, 0 unlimited (default: measured)")
-    p.add_argument("--compute-ms", type=_numbers(float), help="compute per step (default: the report's or run.compute_ms)")
+    p.add_argument("--prefetchers", type=comma_numbers(int), help="prefetcher counts (default 1,2,4,8,16)")
+    p.add_argument("--readers", type=comma_numbers(int), help="reader counts (default: the cores)")
+    p.add_argument("--open-ms", type=comma_numbers(float), help="latencies per open (default: measured)")
+    p.add_argument("--mbps", type=comma_numbers(float), help="bandwidths in MB/s, 0 unlimited (default: measured)")
+    p.add_argument("--compute-ms", type=comma_numbers(float),
+                   help="compute per step (default: the report's or run.compute_ms)")
     p.add_argument("--capacity", type=lambda t: [x for x in t.split(",") if x],
                    help="cache capacities: bytes (500M) or a share of the dataset (50%%); needs CONFIG")
     p.set_defaults(func=_cmd_whatif)
