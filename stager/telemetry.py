@@ -49,31 +49,6 @@ class _Columns:
     def __init__(self):
         self.t, self.kind, self.a, self.b, self.value = array("d"), array("b"), array("q"), array("q"), array("d")
 
-    def arrays(self):
-        """Every event so far as numpy arrays, merged across threads in time order.
-
-        Cheaper than ``events()`` for a reader that sums over many events.
-
-        Returns:
-            ``(t, kind, a, b, value)``: seconds since start (float64), kind
-            numbers (int8), ``a`` and ``b`` (int64), ``value`` (float64).
-        """
-        import numpy as np
-
-        with self._lock:
-            threads = list(self._threads)
-        parts = [[], [], [], [], []]
-        for cols in threads:
-            n = len(cols)  # slices are copies: the owner may append meanwhile
-            for part, col, dtype in zip(parts, (cols.t, cols.kind, cols.a, cols.b, cols.value),
-                                        (np.float64, np.int8, np.int64, np.int64, np.float64)):
-                part.append(np.frombuffer(col[:n], dtype=dtype) if n else np.empty(0, dtype))
-        if not threads:
-            return (np.empty(0), np.empty(0, np.int8), np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0))
-        t, kind, a, b, value = (np.concatenate(p) for p in parts)
-        order = np.argsort(t, kind="stable")
-        return t[order] - self.started, kind[order], a[order], b[order], value[order]
-
     def __len__(self):
         # ``value`` is appended last: every column holds at least this many.
         return len(self.value)

@@ -2,14 +2,13 @@
 never a live or kept job's."""
 
 import os
-import select
 import signal
 import subprocess
 import tempfile
 
 from conftest import child_pids, stager_cmd
 from helpers.watch import wait_for_lines
-from test_cli import own_tmp
+from test_cli import own_tmp, wait_gone
 
 
 def write_job(tmp_path, name="job.yaml", **staging):
@@ -37,18 +36,6 @@ def start_run(job, tmp_path, *args):
     raise AssertionError(f"stager run ended early with {proc.returncode}: {proc.stderr.read()}")
 
 
-def wait_gone(pids, timeout=15):
-    for pid in pids:
-        try:
-            fd = os.pidfd_open(pid)
-        except ProcessLookupError:
-            continue
-        try:
-            assert select.select([fd], [], [], timeout)[0], f"process {pid} still runs"
-        finally:
-            os.close(fd)
-
-
 def job_dirs(tmp_path):
     local = tmp_path / "local"
     return sorted(p for p in os.listdir(local) if p.startswith("stager-")) if local.exists() else []
@@ -67,7 +54,7 @@ def kill_with_its_janitor(job, tmp_path):
     os.killpg(proc.pid, signal.SIGKILL)  # the job's whole process group: rank, prefetchers, readers
     proc.wait()
     proc.stderr.close()
-    wait_gone(children)
+    wait_gone(children, 15)
     assert left in job_dirs(tmp_path) and os.listdir(tmp_path / "local" / left), "nobody removed it"
     return left
 
