@@ -22,8 +22,7 @@ import time
 
 from stager import telemetry as tm
 from stager.config import config_from_dict
-from stager.model import machine
-from stager.model.calibrate import available_cores
+from stager.model.calibrate import available_cores, cores_note
 from stager.job.synth import MANIFEST, make_dataset
 from stager.pipeline import Pipeline
 from stager.slowfs import SlowFS
@@ -104,11 +103,7 @@ def main(argv=None):
     print("|---|" + "---:|" * (len(PREFETCHERS) * len(READERS)))
     for res in results:
         print(f"| {res['source']} | " + " | ".join(f"{f['samples_per_s']:.0f}" for f in res["fixed"]) + " |")
-    cores = machine()[0]
-    print(f"\ncores free (spinning one process a core for 0.3 s): {free_before:.2f} of {cores} before, "
-          f"{free_after:.2f} after")
-    if min(free_before, free_after) < 0.9 * cores:
-        print("WARNING: other work took the cores meanwhile; these figures describe a busy machine")
+    print("\n" + cores_note(free_before, free_after))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump(results, fh, indent=2)

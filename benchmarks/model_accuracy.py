@@ -27,8 +27,8 @@ from stager import plan as planlib
 from stager.catalog import Catalog
 from stager.config import config_from_dict
 from stager.job.synth import MANIFEST, make_dataset
-from stager.model import Settings, cache_misses, from_summary, machine, predict, predict_run, probe
-from stager.model.calibrate import available_cores
+from stager.model import Settings, cache_misses, from_summary, predict, predict_run, probe
+from stager.model.calibrate import available_cores, cores_note
 from stager.model.whatif import capacity_bytes
 from stager.pipeline import Pipeline
 from stager.slowfs import SlowFS
@@ -169,11 +169,7 @@ def main(argv=None):
               f"{r['error']:+.1%} | {r['predicted_stall']:.0%} | {r['measured_stall']:.0%} | {r['bottleneck']} |")
     worst = max(abs(r["error"]) for r in rows)
     print(f"\nlargest error: {worst:.1%} (target: within 15% at each setting)")
-    cores = machine()[0]
-    print(f"cores free (spinning one process a core for 0.3 s): {free_before:.2f} of {cores} before, "
-          f"{free_after:.2f} after")
-    if min(free_before, free_after) < 0.9 * cores:
-        print("WARNING: other work took the cores meanwhile; these figures describe a busy machine")
+    print(cores_note(free_before, free_after))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump({"rates": rates.to_dict(), "rows": rows}, fh, indent=2)

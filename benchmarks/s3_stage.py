@@ -90,44 +90,60 @@ def run_dataloader(dataset, args, seed):
     return timed_loop((batch for _ in range(args.epochs) for batch in loader), args.compute_ms / 1000, len(loader))
 
 
-def run_stager(endpoint, args, capacity, local_dir):
-    cfg = config_from_dict({
+def stager_config(endpoint, args, capacity, local_dir, readers):
+    """stager's job over the bucket behind ``endpoint``: the settings ``add_settings`` parsed."""
+    return config_from_dict({
         "dataset": {"source": f"s3://{BUCKET}/train", "loader": "raw", "endpoint_url": endpoint,
                     "requests_in_flight": args.requests},
         "plan": {"batch_size": args.batch_size, "epochs": args.epochs, "seed": 1},
         "staging": {"local_dir": local_dir, "prefetchers": args.prefetchers, "lookahead": args.lookahead,
                     "capacity": capacity},
-        "reader": {"workers": args.workers - args.prefetchers},
+        "reader": {"workers": readers},
     })
-    with Pipeline(cfg) as pipe:
+
+
+def run_stager(endpoint, args, capacity, local_dir):
+    with Pipeline(stager_config(endpoint, args, capacity, local_dir, args.workers - args.prefetchers)) as pipe:
         steps = -(-args.samples // args.batch_size)
         return timed_loop((batch.samples for batch in pipe), args.compute_ms / 1000, steps) + (pipe.stats.files_staged,)
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_settings(parser):
+    """The bucket's, the loop's and stager's settings, shared with ``s3_cold_start.py``."""
     parser.add_argument("--samples", type=int, default=480)
     parser.add_argument("--bytes", type=int, default=64 * 1024)
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--compute-ms", type=float, default=200.0)
     parser.add_argument("--latency-ms", type=float, default=40.0)
-    parser.add_argument("--workers", type=int, default=4, help="processes of every method (stager: prefetchers + readers)")
     parser.add_argument("--prefetchers", type=int, default=2)
     parser.add_argument("--requests", type=int, default=16, help="stager's requests in flight per prefetcher")
     parser.add_argument("--lookahead", type=int, default=4)
-    parser.add_argument("--share", type=float, default=0.25, help="the bounded cache's capacity, a share of the dataset")
-    parser.add_argument("--json")
-    args = parser.parse_args()
+    parser.add_argument("--share", type=float, default=0.25,
+                        help="the bounded cache's capacity, a share of the dataset")
+
+
+def fill_bucket(store, samples, nbytes):
+    """Creates the bucket on ``store`` with ``samples`` random objects of ``nbytes``; returns their keys."""
     os.environ.update(CREDENTIALS)
     rng = random.Random(0)
+    s3 = boto3.client("s3", endpoint_url=store.endpoint_url)
+    s3.create_bucket(Bucket=BUCKET)
+    keys = [f"train/c{i % 10}/s{i:06d}.bin" for i in range(samples)]
+    for key in keys:
+        s3.put_object(Bucket=BUCKET, Key=key, Body=rng.randbytes(nbytes))
+    return keys
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_settings(parser)
+    parser.add_argument("--workers", type=int, default=4, help="processes of every method (stager: prefetchers + readers)")
+    parser.add_argument("--json")
+    args = parser.parse_args()
     results = {"settings": vars(args), "runs": {}}
     with ObjectStore() as store, tempfile.TemporaryDirectory(prefix="s3-bench-") as local:
-        s3 = boto3.client("s3", endpoint_url=store.endpoint_url)
-        s3.create_bucket(Bucket=BUCKET)
-        keys = [f"train/c{i % 10}/s{i:06d}.bin" for i in range(args.samples)]
-        for key in keys:
-            s3.put_object(Bucket=BUCKET, Key=key, Body=rng.randbytes(args.bytes))
+        keys = fill_bucket(store, args.samples, args.bytes)
         with SlowProxy(store.port, latency_ms=args.latency_ms) as proxy:
             endpoint = proxy.endpoint_url
             runs = results["runs"]

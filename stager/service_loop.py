@@ -22,6 +22,7 @@ from . import telemetry as tm
 from .cache import ABSENT, CacheFull, human
 from .deadlines import DeadlineQueue
 from .messages import NO_SPACE, PRESENT, Bye, Fail, Failure, Hello, Need, Ready, Release, StageTask, Staged
+from .stalls import stall_failure
 from .workerpool import RETIRED
 
 _NO_SPACE_TRIES = 3  # fetches of one file that may meet a full disk before the job fails
@@ -118,19 +119,9 @@ class ServiceLoop:
         if not limit or self.failed is not None or now < self.next_stall_check:
             return
         self.next_stall_check = now + min(1.0, limit / 4)
-        progress = self.s.progress
-        for slot, index, epoch, step, waited in progress.stalled(limit):
-            procs = [proc for worker, proc in self.s.pool.by_conn.values() if progress.slot(worker) == slot]
-            if not procs:
-                continue  # its worker retired (an auto pool shrank) between the file and now
-            proc = procs[0]
-            rel = self.catalog.path(index)
-            self.fail(Failure("prefetch", proc.name, epoch, step, rel, "Stalled",
-                              f"{proc.name} (pid {proc.pid}) has waited {waited:.0f} s for "
-                              f"{self.s.source.describe(rel)} (minibatch {step} of epoch {epoch}), more than "
-                              f"staging.stall_timeout_s = {limit:g}: the source does not answer (a hung file "
-                              "system?)"))
-            return
+        failure = stall_failure(self.s.progress, self.s.pool, self.catalog, self.s.source, limit)
+        if failure is not None:
+            self.fail(failure)
 
     def admit_clients(self):
         for conn in self.s.accepted():

@@ -14,6 +14,8 @@ file with a later start (underestimating its wait), never with an earlier one.
 
 import time
 
+from .messages import Failure
+
 IDLE = -1
 
 
@@ -66,3 +68,21 @@ class Progress:
             if index != IDLE and waited > limit_s:
                 out.append((worker, index, self._what[3 * worker + 1], self._what[3 * worker + 2], waited))
         return out
+
+
+def stall_failure(progress, pool, catalog, source, limit_s):
+    """The ``Failure`` of the first prefetcher of ``pool`` on one file for more than ``limit_s``, or None.
+
+    None also when that prefetcher retired (an ``auto`` pool shrank) after
+    its last file: its slot is stale, nobody waits.
+    """
+    for slot, index, epoch, step, waited in progress.stalled(limit_s):
+        procs = [proc for worker, proc in pool.by_conn.values() if progress.slot(worker) == slot]
+        if not procs:
+            continue
+        proc, rel = procs[0], catalog.path(index)
+        return Failure("prefetch", proc.name, epoch, step, rel, "Stalled",
+                       f"{proc.name} (pid {proc.pid}) has waited {waited:.0f} s for {source.describe(rel)} "
+                       f"(minibatch {step} of epoch {epoch}), more than staging.stall_timeout_s = {limit_s:g}: "
+                       "the source does not answer (a hung file system?)")
+    return None

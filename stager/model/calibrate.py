@@ -76,6 +76,15 @@ def available_cores(seconds=0.3):
     return min(float(cores), used / wall) if wall > 0 else float(cores)
 
 
+def cores_note(before, after):
+    """What a measurement between two ``available_cores`` readings can claim: the lines to print with it."""
+    cores = machine()[0]
+    note = f"cores free (spinning one process a core for 0.3 s): {before:.2f} of {cores} before, {after:.2f} after"
+    if min(before, after) < 0.9 * cores:
+        note += "\nWARNING: other work took the cores meanwhile; these figures describe a busy machine"
+    return note
+
+
 def _union(intervals):
     """Seconds covered by at least one of ``intervals`` (``(start, end)`` pairs)."""
     total, reach = 0.0, None
