@@ -182,7 +182,11 @@ def test_a_bounded_cache_reports_per_node_and_epoch_in_records_and_report(tmp_pa
     proc = mpirun(LAYOUTS["4 ranks on 2 nodes"],
                   ["run", job, "--quiet", "--record", str(rec), "--report", str(rec / "r.json"),
                    "--set", f"staging.capacity={per_node_share_bytes // 2}", "--set", "staging.lookahead=2",
-                   "--set", "reader.ahead=2"], tmp_path)
+                   "--set", "reader.ahead=2",
+                   # Agreeing on a position after each step keeps the ranks in step, so a rank
+                   # running ahead into epoch 1 does not fetch files its node's other rank has yet
+                   # to ask for in epoch 0 (they would count as epoch 1's misses).
+                   "--set", f"run.state_file={tmp_path / 'state.json'}"], tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     reads, staged = read_records(rec)
     report = json.loads((rec / "r.json").read_text())
