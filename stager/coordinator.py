@@ -71,6 +71,8 @@ class Channels:
         service: The node's ``StagingService`` on the node leader, else None.
         read_resizer: With ``reader.workers: auto``, the readers'
             ``autocounts.PoolResizer``, else None.
+        on_end: A ``weakref.WeakMethod`` the coordinator calls once it has
+            delivered the whole plan (the pipeline's close), or None.
     """
 
     def __init__(self, wake):
@@ -82,6 +84,7 @@ class Channels:
         self.client_lock = threading.Lock()
         self.service = None
         self.read_resizer = None
+        self.on_end = None
 
     def send(self, msg):
         """Sends ``msg`` to the node's service."""
@@ -118,6 +121,7 @@ class Coordinator:
         self.read_ptr = 0       # next minibatch to hand to a reader
         self.emit_ptr = 0       # next minibatch to deliver
         self.consumed = 0       # minibatches the consumer has taken
+        self.first_read = False  # this rank's first minibatch is decoded: ask for the whole look-ahead
 
     def run(self):
         """Schedules until the plan is delivered, the pipeline halts or something fails."""
@@ -139,6 +143,9 @@ class Coordinator:
             self.schedule()
             if self.exhausted and self.emit_ptr == self.next_seq:
                 ch.out.put(END)
+                finish = ch.on_end() if ch.on_end is not None else None
+                if finish is not None:
+                    finish()
                 return
             ready = mpc.wait(waitables, timeout=1.0)
             if not ready and ch.service is not None and not ch.service.alive():
@@ -164,10 +171,19 @@ class Coordinator:
                 if self.handle(msg):
                     return
 
-    def schedule(self):
-        """Asks for minibatches up to the look-ahead, and hands staged ones to readers."""
+    def ask(self):
+        """Asks the node's service for minibatches up to the look-ahead (or takes them, reading directly).
+
+        Until this rank's first minibatch is decoded it asks for that one
+        alone: the consumer waits for it, and the look-ahead's requests would
+        compete with it, at the source (a store that serves requests at a
+        fixed rate finishes all of them together, later) and then for this
+        process's CPU while the node's service queues them.
+        """
         ch, telemetry = self.ch, self.telemetry
         while not self.exhausted and self.next_seq < self.consumed + self.lookahead:
+            if self.staging and self.next_seq and not self.first_read:
+                break
             mb = next(self.plan, None)
             if mb is None:
                 self.exhausted = True
@@ -181,7 +197,22 @@ class Coordinator:
                 telemetry.record(tm.NEEDED, seq, len(mb.indices))
             else:
                 self.staged.add(seq)
-        catalog = self.catalog
+
+    def schedule(self):
+        """Hands staged minibatches to readers, then asks for more up to the look-ahead.
+
+        Reading comes first: the consumer waits for the earliest minibatch,
+        not for the look-ahead. Reading directly, what ``ask`` took is ready
+        to read at once.
+        """
+        self.read()
+        self.ask()
+        if not self.staging:
+            self.read()
+
+    def read(self):
+        """Hands staged minibatches to the readers, in plan order, up to the read-ahead."""
+        ch, catalog = self.ch, self.catalog
         while (self.read_ptr < self.next_seq and self.read_ptr < self.consumed + self.read_ahead
                and self.read_ptr in self.staged):
             mb = self.batches[self.read_ptr]
@@ -200,6 +231,7 @@ class Coordinator:
             self.times[msg.seq].prefetch = msg.seconds
             telemetry.record(tm.READY, msg.seq, 0, msg.seconds)
         elif isinstance(msg, Decoded):
+            self.first_read = True
             mb = self.batches.pop(msg.seq)
             times = self.times.pop(msg.seq)
             times.read = msg.seconds

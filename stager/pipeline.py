@@ -104,6 +104,11 @@ class Pipeline:
         self._lock = threading.Lock()
         self._started = False
         self._closed = False
+        # At the end of the plan the coordinator thread closes the pipeline while
+        # the consumer still takes the last decoded minibatches (see ``_finish``).
+        self._draining = False
+        self._close_done = threading.Event()
+        self._close_error = None
         # An abandoned pipeline is closed by the collector: the finaliser holds
         # what closing needs, never the pipeline itself.
         self._finalizer = weakref.finalize(self, close_abandoned, self._ch, self._jobdirs)
@@ -119,8 +124,12 @@ class Pipeline:
 
     @property
     def closed(self):
-        """Whether the pipeline was closed (by ``close()``, an error or the end of the plan)."""
-        return self._closed
+        """Whether the pipeline was closed (by ``close()``, an error or the end of the plan).
+
+        At the end of the plan it is closed once the consumer has taken the
+        last minibatch and met the end (``StopIteration``).
+        """
+        return self._closed and not self._draining
 
     # Lifecycle ------------------------------------------------------------
 
@@ -179,6 +188,10 @@ class Pipeline:
                 read_root = self._connect_service(ctx, source, spec, self._join_peers(),
                                                   autocounts.prefetcher_limit(self._auto) if auto_prefetch else None)
                 ch.send(Hello(world.rank, spec))
+            read_ahead = self._reader.ahead or 2 * self._reader.workers
+            coordinator = Coordinator(ch, minibatches, self.catalog, self.stats.telemetry, self._ahead(), read_ahead)
+            if self._staging.enabled:
+                coordinator.ask()  # the prefetchers start on the first minibatch while the readers start
             rings = [Ring() for _ in range(self._reader.workers)]
             ch.readers = WorkerPool(ctx, "read", "stager-read", self._reader.workers, reader_main,
                                     (read_root, self._loader,
@@ -189,8 +202,7 @@ class Pipeline:
                 ch.read_resizer = autocounts.PoolResizer(ch.readers, autocounts.READ,
                                                          autocounts.reader_limit(self._auto), self.stats.telemetry,
                                                          before_grow=lambda count: _more_rings(rings, count))
-        read_ahead = self._reader.ahead or 2 * self._reader.workers
-        coordinator = Coordinator(ch, minibatches, self.catalog, self.stats.telemetry, self._ahead(), read_ahead)
+        ch.on_end = weakref.WeakMethod(self._finish)
         self._coordinator = threading.Thread(target=coordinator.run, name="stager-coordinator", daemon=True)
         self._coordinator.start()
 
@@ -262,22 +274,61 @@ class Pipeline:
         return path
 
     def close(self):
-        """Stops every worker and removes the staging directory; safe to call twice, from any thread."""
+        """Stops every worker and removes the staging directory; safe to call twice, from any thread.
+
+        Minibatches decoded but not yet taken are dropped: ``next()`` then
+        raises ``StopIteration``.
+        """
+        self._draining = False
         self._shutdown(wait_for_peers=True)
 
-    def _shutdown(self, wait_for_peers, error=None):
+    def _claim(self, draining=False):
+        """Marks the pipeline closed; True for the one caller that then runs the shutdown."""
         with self._lock:
             if self._closed:
-                return
-            self._closed = True
-            started = self._started
+                return False
+            self._closed, self._draining = True, draining
         self._finalizer.detach()
-        if not started:
+        return True
+
+    def _shutdown(self, wait_for_peers, error=None):
+        if not self._claim():
+            # Another thread is closing (the coordinator, at the end of the plan): return when it is done,
+            # with its error if it had one.
+            self._close_done.wait()
+            error, self._close_error = self._close_error, None
+            if error is not None:
+                raise error
+            return
+        try:
+            self._stop_all(wait_for_peers, error)
+        finally:
+            self._close_done.set()
+
+    def _finish(self):
+        """The shutdown at the end of the plan, on the coordinator thread once it delivered every minibatch.
+
+        Nothing is left for the workers to do then, so they stop and the job
+        directory goes while the consumer takes the last minibatches (already
+        decoded, in shared memory that outlives the readers) and runs its last
+        steps, instead of inside its last ``next()``.
+        """
+        if not self._claim(draining=True):
+            return
+        try:
+            self._stop_all(wait_for_peers=True)
+        except BaseException as exc:  # raised to the consumer by its last next() or close()
+            self._close_error = exc
+        finally:
+            self._close_done.set()
+
+    def _stop_all(self, wait_for_peers, error=None):
+        if not self._started:
             self._ch.wake.close()
             return
         timeout = self._processes.shutdown_timeout_s
         halt(self._ch)
-        if self._coordinator is not None:
+        if self._coordinator is not None and self._coordinator is not threading.current_thread():
             self._coordinator.join(timeout=timeout)
         reason = None
         if isinstance(error, Exception) and self._ch.service is not None:
@@ -318,14 +369,14 @@ class Pipeline:
         return self
 
     def __next__(self):
-        if self._closed:
+        if self.closed:
             raise StopIteration
         self.start()
         ch = self._ch
         begin = time.perf_counter()
         item = ch.out.get()
         stall = time.perf_counter() - begin
-        if item is END or self._closed:
+        if item is END or self.closed:
             if item is END:
                 self.stats.telemetry.record(tm.FINISHED, self.stats.batches, 0, stall)
             self.close()

@@ -1,11 +1,11 @@
-"""Waiting for another process's file to grow, on inotify events (no polling)."""
+"""Waiting for a file to grow or a directory to go, on inotify events (no polling)."""
 
 import ctypes
 import os
 import select
 import time
 
-_IN_MODIFY, _IN_CREATE, _IN_MOVED_TO = 0x2, 0x100, 0x80
+_IN_MODIFY, _IN_CREATE, _IN_MOVED_TO, _IN_DELETE_SELF = 0x2, 0x100, 0x80, 0x400
 
 
 def lines_in(path):
@@ -46,3 +46,26 @@ def wait_for_lines(path, count, pid=None, timeout=120):
     finally:
         for each in watched:
             os.close(each)
+
+
+def wait_removed(path, timeout=60):
+    """Blocks until directory ``path`` is removed (inotify ``IN_DELETE_SELF``); False after ``timeout``."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+    if fd < 0:
+        raise OSError(ctypes.get_errno(), "inotify_init1")
+    try:
+        if libc.inotify_add_watch(fd, os.fsencode(path), _IN_DELETE_SELF) < 0:
+            return not os.path.exists(path)  # gone before the watch could be set
+        deadline = time.monotonic() + timeout
+        while os.path.exists(path):
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                return False
+            try:
+                os.read(fd, 65536)
+            except BlockingIOError:
+                pass
+        return True
+    finally:
+        os.close(fd)
