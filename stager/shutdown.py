@@ -16,6 +16,9 @@ A worker that survives SIGKILL (stuck in the kernel on a hung file system)
 is reported and left behind: shutdown never waits for it. The job directory
 is removed all the same, and the janitor, whose pipe such a prefetcher still
 holds, removes it once more when the prefetcher is finally gone.
+At the end of the plan, the coordinator thread runs steps 2-4 as soon as it
+has delivered the last minibatch (``Pipeline._finish``), while the consumer
+takes the last ones; its last ``next()`` waits for them to finish.
 Workers also exit on their own when their parent dies (they poll getppid).
 """
 
