@@ -73,6 +73,7 @@ class Channels:
             ``autocounts.PoolResizer``, else None.
         on_end: A ``weakref.WeakMethod`` the coordinator calls once it has
             delivered the whole plan (the pipeline's close), or None.
+        shut: Set once the shutdown protocol has run to its end.
     """
 
     def __init__(self, wake):
@@ -85,11 +86,24 @@ class Channels:
         self.service = None
         self.read_resizer = None
         self.on_end = None
+        self.shut = threading.Event()
+        self._claim_lock = threading.Lock()
+        self._claimed = False
 
     def send(self, msg):
         """Sends ``msg`` to the node's service."""
         with self.client_lock:
             self.client.send(msg)
+
+    def claim(self):
+        """True for the first caller only: the one that runs the shutdown protocol (and then sets ``shut``).
+
+        The pipeline's ``close()``, its close at the end of the plan and its
+        finaliser may each come first; the others wait for ``shut``.
+        """
+        with self._claim_lock:
+            first, self._claimed = not self._claimed, True
+        return first
 
 
 class Coordinator:

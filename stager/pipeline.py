@@ -107,7 +107,6 @@ class Pipeline:
         # At the end of the plan the coordinator thread closes the pipeline while
         # the consumer still takes the last decoded minibatches (see ``_finish``).
         self._draining = False
-        self._close_done = threading.Event()
         self._close_error = None
         # An abandoned pipeline is closed by the collector: the finaliser holds
         # what closing needs, never the pipeline itself.
@@ -285,17 +284,16 @@ class Pipeline:
     def _claim(self, draining=False):
         """Marks the pipeline closed; True for the one caller that then runs the shutdown."""
         with self._lock:
-            if self._closed:
+            if self._closed or not self._ch.claim():
                 return False
             self._closed, self._draining = True, draining
-        self._finalizer.detach()
         return True
 
     def _shutdown(self, wait_for_peers, error=None):
         if not self._claim():
-            # Another thread is closing (the coordinator, at the end of the plan): return when it is done,
-            # with its error if it had one.
-            self._close_done.wait()
+            # Another thread is closing (at the end of the plan, the coordinator): return when it is
+            # done (every step of the protocol is bounded), with its error if it had one.
+            self._ch.shut.wait()
             error, self._close_error = self._close_error, None
             if error is not None:
                 raise error
@@ -303,7 +301,8 @@ class Pipeline:
         try:
             self._stop_all(wait_for_peers, error)
         finally:
-            self._close_done.set()
+            self._ch.shut.set()
+            self._finalizer.detach()
 
     def _finish(self):
         """The shutdown at the end of the plan, on the coordinator thread once it delivered every minibatch.
@@ -320,7 +319,8 @@ class Pipeline:
         except BaseException as exc:  # raised to the consumer by its last next() or close()
             self._close_error = exc
         finally:
-            self._close_done.set()
+            self._ch.shut.set()
+            self._finalizer.detach()
 
     def _stop_all(self, wait_for_peers, error=None):
         if not self._started:

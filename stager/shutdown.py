@@ -16,9 +16,11 @@ A worker that survives SIGKILL (stuck in the kernel on a hung file system)
 is reported and left behind: shutdown never waits for it. The job directory
 is removed all the same, and the janitor, whose pipe such a prefetcher still
 holds, removes it once more when the prefetcher is finally gone.
-At the end of the plan, the coordinator thread runs steps 2-4 as soon as it
-has delivered the last minibatch (``Pipeline._finish``), while the consumer
-takes the last ones; its last ``next()`` waits for them to finish.
+At the end of the plan, the coordinator thread runs the protocol once it has
+delivered the last minibatch (``Pipeline._finish``) while the consumer takes
+the last ones; its last ``next()`` waits for it. Whoever comes first among
+``close()``, that close and the finaliser runs the protocol (``ch.claim()``);
+the others wait for it to end.
 Workers also exit on their own when their parent dies (they poll getppid).
 """
 
@@ -66,8 +68,16 @@ def close_abandoned(ch, jobdirs):
     # Runs when an unclosed pipeline is collected, or at interpreter exit:
     # stop without waiting for peers, and quietly (the interpreter may be
     # half torn down); the janitor removes a directory this cannot.
-    with contextlib.suppress(Exception):
-        halt(ch)
-        stuck = stop(ch, 1.0, 0)
-        for jobdir in jobdirs:
-            jobdir.remove(stuck)
+    if not ch.claim():
+        # The close at the end of the plan is under way on the coordinator thread, which runs on
+        # through the interpreter's exit handlers: the directory goes when it is done.
+        ch.shut.wait()
+        return
+    try:
+        with contextlib.suppress(Exception):
+            halt(ch)
+            stuck = stop(ch, 1.0, 0)
+            for jobdir in jobdirs:
+                jobdir.remove(stuck)
+    finally:
+        ch.shut.set()

@@ -12,8 +12,11 @@ def report_children():
     # Direct children of this process, from /proc, for the test to check after the exit.
     pids = set()
     for tid in os.listdir("/proc/self/task"):
-        with open(f"/proc/self/task/{tid}/children") as fh:
-            pids.update(fh.read().split())
+        try:
+            with open(f"/proc/self/task/{tid}/children") as fh:
+                pids.update(fh.read().split())
+        except FileNotFoundError:
+            pass  # a thread that ended meanwhile
     print("CHILDREN", " ".join(sorted(pids)), flush=True)
 """
 

@@ -1,10 +1,12 @@
 """The ends of a rank's plan: its first minibatch is asked for alone, and the pipeline closes behind its last."""
 
+import json
 import os
 
 import pytest
 
 from conftest import load_catalog, make_config, stager_workers
+from exit_check import run_to_exit
 from helpers.watch import wait_removed
 from stager import plan
 from stager.pipeline import Pipeline
@@ -69,3 +71,24 @@ def test_the_first_minibatch_is_asked_for_alone_then_the_look_ahead(slow_source,
     assert all(needed[seq] >= first_read for seq in needed if seq), \
         "the look-ahead is asked for only once the first minibatch is read"
 
+
+
+def test_a_script_that_exits_after_its_last_minibatch_waits_for_the_close(dataset, tmp_path):
+    root, _ = dataset
+    config = {"dataset": {"source": root, "manifest": "manifest.tsv", "loader": "raw"},
+              "plan": {"batch_size": 8}, "staging": {"local_dir": str(tmp_path / "local")},
+              "reader": {"workers": 2}}
+    # Every minibatch taken, the end never met, nothing closed: the close behind the plan's end is
+    # under way (or done) when the interpreter exits.
+    rc, out, err, left = run_to_exit(
+        "import json\n"
+        "from stager import plan\n"
+        "from stager.config import config_from_dict\n"
+        "from stager.pipeline import Pipeline\n"
+        "cfg = config_from_dict(json.loads(sys.argv[1]))\n"
+        "pipe = Pipeline(cfg).start()\n"
+        "batches = [next(pipe) for _ in plan.iterate(len(pipe.catalog), cfg.plan)]\n"
+        "report_children()\n", json.dumps(config))
+    assert rc == 0 and not err.strip(), err
+    assert "CHILDREN" in out and not left, "workers outlived the interpreter"
+    assert os.listdir(tmp_path / "local") == [], "the job directory is removed before the interpreter is gone"
