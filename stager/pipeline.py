@@ -298,11 +298,7 @@ class Pipeline:
             if error is not None:
                 raise error
             return
-        try:
-            self._stop_all(wait_for_peers, error)
-        finally:
-            self._ch.shut.set()
-            self._finalizer.detach()
+        self._protocol(wait_for_peers, error)
 
     def _finish(self):
         """The shutdown at the end of the plan, on the coordinator thread once it delivered every minibatch.
@@ -315,9 +311,14 @@ class Pipeline:
         if not self._claim(draining=True):
             return
         try:
-            self._stop_all(wait_for_peers=True)
+            self._protocol(wait_for_peers=True)
         except BaseException as exc:  # raised to the consumer by its last next() or close()
             self._close_error = exc
+
+    def _protocol(self, wait_for_peers, error=None):
+        """Runs the shutdown protocol (``shutdown.py``), for the caller that claimed it."""
+        try:
+            self._stop_all(wait_for_peers, error)
         finally:
             self._ch.shut.set()
             self._finalizer.detach()
