@@ -11,7 +11,8 @@ from stager import plan
 from stager.config import PlanConfig, load_config
 from stager.deadlines import DeadlineQueue
 from stager.errors import ConfigError
-from stager.model import Rates, Settings, Tuner, cache_misses, choose_counts, from_summary, predict, probe
+from stager.model import (Rates, Settings, Tuner, cache_misses, choose_counts, from_summary, predict, predict_run, probe,
+                          step_misses)
 from stager.model.tune import START_PER_CORE
 from stager.slowfs import SlowFS
 from stager.sources import PosixSource
@@ -51,6 +52,32 @@ def test_cache_misses_replay_the_plan():
     assert small[1] > half[1]
     with pytest.raises(ConfigError, match="smaller than the look-ahead window"):
         cache_misses(sizes, spec, capacity=10_000, ahead=4)
+
+
+def test_a_bounded_clairvoyant_cache_misses_the_next_epochs_end():
+    sizes = np.full(400, 1000)
+    spec = plan.PlanSpec.from_config(400, PlanConfig(batch_size=10, epochs=2, seed=2), 1)
+    first, second = step_misses(sizes, spec, capacity=200_000, ahead=4)
+    assert [int(first.sum()), int(second.sum())] == cache_misses(sizes, spec, capacity=200_000, ahead=4)
+    assert len(second) == 40 and first.tolist() == [10] * 40
+    # It kept the files the second epoch reads first: its first quarter hits, its last misses nearly all.
+    assert second[:10].sum() == 0 and second[-10:].sum() >= 80
+
+
+def test_a_run_with_bunched_misses_is_slower_than_its_mean_miss_says():
+    settings = Settings(prefetchers=4, readers=2)
+    fetch_s = 32 * 0.013 / 4      # 32 files a step, 13 ms each, 4 prefetchers: 104 ms a step
+    cold = predict(RATES, settings)
+    rate, _, seconds = predict_run(RATES, settings, [[32] * 100], ahead=4)
+    assert cold.step_s == pytest.approx(fetch_s) and rate == pytest.approx(cold.samples_per_s, rel=0.01)
+    # The same 1,600 misses: spread evenly, or all in the second half (a clairvoyant cache's next epoch).
+    _, _, even = predict_run(RATES, settings, [[16] * 100], ahead=4)
+    _, _, bunched = predict_run(RATES, settings, [[0] * 50 + [32] * 50], ahead=4)
+    assert even == pytest.approx(99 * fetch_s / 2 + 0.020, rel=0.01)
+    # The first half waits on the compute (20 ms), the second on the prefetchers, who
+    # could start on it only 4 minibatches early.
+    assert 50 * 0.020 + 46 * fetch_s <= bunched <= 50 * 0.020 + 50 * fetch_s
+    assert bunched > 1.15 * even
 
 
 def test_choose_counts_grow_with_latency_within_the_start_bound():
