@@ -62,6 +62,8 @@ class Rates:
         batch_size: Samples per minibatch (of one rank).
         cores: CPU cores the stages share.
         memory: Bytes of memory available for workers (0: not known).
+        cpu_s: The probe process's CPU seconds per file (fetched, decoded,
+            system calls included); 0: not measured.
     """
 
     open_s: float
@@ -75,6 +77,7 @@ class Rates:
     batch_size: int = 32
     cores: float = 1.0
     memory: float = 0.0
+    cpu_s: float = 0.0
 
     def to_dict(self):
         return asdict(self)
