@@ -58,8 +58,8 @@ def resolve(staging, reader, dataset, batch_size, catalog, source, node_comm):
     if is_auto(reader.workers):
         reader = replace(reader, workers=readers)
     log.info("stager: auto counts: %s prefetchers, %s readers (probe: open %.1f ms, %.0f MB/s, read %.2f ms/file, "
-             "%d cores)", staging.prefetchers, reader.workers, rates.open_s * 1000, rates.bandwidth / 1e6,
-             rates.read_s * 1000, rates.cores)
+             "CPU %.2f ms/file, %d cores)", staging.prefetchers, reader.workers, rates.open_s * 1000,
+             rates.bandwidth / 1e6, rates.read_s * 1000, rates.cpu_s * 1000, rates.cores)
     return staging, reader, rates
 
 

@@ -19,8 +19,7 @@ by the pool itself, and the cores decide the step:
 
 - cores with room: every item costs them about the same, so they allow
   ``CORES_FULL / busy`` times the items/s, and at the same time per item
-  that takes as many times the workers (at most twice; a step under a
-  quarter is lost in a window's noise and is not taken);
+  that takes as many times the workers (at most twice);
 - cores full: none; more workers would only queue for them (and there the
   items/s hardly depend on the count, so a step could not be judged);
 - load unknown: a quarter more.
@@ -177,13 +176,12 @@ class Tuner:
         """The size a saturated pool goes to, by how busy the cores were (see the module's text)."""
         if cores_busy is None:
             return math.ceil(GROWTH * self.count)  # the next window judges a step
+        if cores_busy >= CORES_FULL:
+            return self.count  # the cores, not the pool, hold the items back: more would queue for them
         # Every item costs the cores about the same, so they allow the items/s they gave times
         # CORES_FULL / cores_busy; Little's law at the same time per item: as many more workers.
-        # A smaller step than GROWTH is lost in one window's noise: it could not be judged.
-        # Full cores (no step): the cores, not the pool, hold the items back, and more
-        # workers would only queue for them.
         fill = math.ceil(self.count * CORES_FULL / cores_busy) if cores_busy > 0 else 2 * self.count
-        return min(2 * self.count, fill) if fill >= GROWTH * self.count else self.count
+        return min(2 * self.count, max(self.count + 1, fill))
 
     def restart(self, now):
         """Starts a new window at ``now``: the pool was just resized (starting workers takes time)."""
