@@ -24,7 +24,8 @@ by the pool itself, and the cores decide the step:
   items/s hardly depend on the count, so a step could not be judged);
 - load unknown: a quarter more.
 
-A growth must pay, judged on the next window: workers as quick as before
+A growth of a quarter or more must pay, judged on the next window (a
+smaller one promises less than a window's noise): workers as quick as before
 promise items/s in proportion to their number, and when the items/s rose by
 less than half of that, the items/s the larger pool got is the pace of
 something more workers cannot add (the cores); the pool goes to the size
@@ -245,7 +246,9 @@ class Tuner:
         if self._ceiling is not None and target > self.count:
             target = max(self.count, min(target, self._ceiling[0]))
         target = _bounded(target, self.low, self.high)
-        self._grew = (self.count, rate, window_per_item) if target > self.count else None
+        # A step under GROWTH promises less than one window's noise: it could not be judged, and
+        # is taken on the measured load's word (it stops where the cores are full).
+        self._grew = (self.count, rate, window_per_item) if target >= GROWTH * self.count else None
         self.count = target
         self._since, self._asked, self._done, self._busy_s = now, 0, 0, 0.0
         return Decision(target, demand, per_item, busy)
