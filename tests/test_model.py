@@ -94,14 +94,13 @@ PROBED = Rates(open_s=0.030, bandwidth=0.0, copy_s=0.004, read_s=0.0001, file_by
 
 
 def test_prefetchers_start_where_the_cores_would_set_the_pace():
-    # The cores allow 2 / 2 ms = 1,000 files/s; a prefetcher keeps a file 30 ms + 1.9 ms of its
-    # own: 32 prefetchers, and 30% headroom.
-    assert choose_counts(PROBED) == (42, 1)
-    assert choose_counts(Rates(**{**PROBED.to_dict(), "open_s": 0.010}))[0] == 16
+    # The cores allow 2 / 2 ms = 1,000 files/s; a prefetcher keeps a file 30 ms + 1.9 ms of its own.
+    assert choose_counts(PROBED) == (32, 1)
+    assert choose_counts(Rates(**{**PROBED.to_dict(), "open_s": 0.010}))[0] == 12
     # The probe's copy time is a wall time among threads sharing the cores: it does not move the count.
-    assert choose_counts(Rates(**{**PROBED.to_dict(), "copy_s": 0.012}))[0] == 42
+    assert choose_counts(Rates(**{**PROBED.to_dict(), "copy_s": 0.012}))[0] == 32
     # Twice the CPU a file: half the files a second, each 33.9 ms in a prefetcher.
-    assert choose_counts(Rates(**{**PROBED.to_dict(), "cpu_s": 0.004}))[0] == 23
+    assert choose_counts(Rates(**{**PROBED.to_dict(), "cpu_s": 0.004}))[0] == 17
 
 
 def _window(tuner, start, items, rate, per_item_s, waiting=0, cores_busy=None):

@@ -6,8 +6,9 @@ as fast as reading and the CPU allow), and gives the readers and the
 prefetchers that rate with some headroom: by Little's law a pool that must
 serve ``rate`` items a second, each keeping a worker ``t`` seconds, needs
 ``rate x t`` workers. The CPU's share comes from the probe process's CPU
-per file (system calls included), so the pool starts near the count beyond
-which the cores, not the source, would set the pace.
+per file (system calls included), and the headroom never goes past the rate
+the cores allow, so the pool starts at about the count beyond which the
+cores, not the source, would set the pace.
 
 While running, a ``Tuner`` per pool applies the same law to what it measures
 over a window (the first, the pool's start, is skipped): the items asked for
@@ -99,12 +100,12 @@ def choose_counts(rates, miss=1.0, max_prefetchers=MAX_PREFETCHERS):
     best = predict(rates, Settings(prefetchers=_UNBOUNDED, readers=r_max, miss=miss))
     per_batch = b * rates.read_s + rates.batch_s
     readers = _bounded(math.ceil(best.samples_per_s / b * per_batch * HEADROOM), 1, r_max)
-    rate = predict(rates, Settings(prefetchers=_UNBOUNDED, readers=readers, miss=miss)).samples_per_s
+    rate = predict(rates, Settings(prefetchers=_UNBOUNDED, readers=readers, miss=miss))
     # The compute is not known before the run: the pool starts at what the rest allows (the
-    # running tuner shrinks it when the training step is slower). The headroom covers the
-    # probe's CPU per file too, an estimate from a few files: a pool short of the cores' pace
-    # holds every step back, one beyond it has prefetchers waiting for a core.
-    prefetchers = _bounded(math.ceil(rate * miss * per_file_s(rates) * HEADROOM), 1, p_max)
+    # running tuner shrinks it when the training step is slower), with headroom, but never
+    # past the rate the cores allow: beyond that, more prefetchers only wait for a core.
+    files = min(rate.samples_per_s * HEADROOM, rate.cpu_rate) * miss
+    prefetchers = _bounded(math.ceil(files * per_file_s(rates)), 1, p_max)
     return prefetchers, readers
 
 
