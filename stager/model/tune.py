@@ -11,7 +11,8 @@ the cores allow, so the pool starts at about the count beyond which the
 cores, not the source, would set the pace.
 
 While running, a ``Tuner`` per pool applies the same law to what it measures
-over a window (the first, the pool's start, is skipped): the items asked for
+over a window (not over the pool's start, until every worker has finished
+an item): the items asked for
 per second (the demand), the worker seconds each item took, and, where the
 caller can read it, how busy the machine's cores were. When the workers
 were nearly all busy and work was waiting, the demand it saw was held back
@@ -24,8 +25,8 @@ by the pool itself, and the cores decide the step:
   items/s hardly depend on the count, so a step could not be judged);
 - load unknown: a quarter more.
 
-A growth of a quarter or more must pay, judged on the next window (a
-smaller one promises less than a window's noise): workers as quick as before
+Growth must pay, judged once the pool has grown by a quarter over windows
+in a row (a smaller growth promises less than a window's noise): workers as quick as before
 promise items/s in proportion to their number, and when the items/s rose by
 less than half of that, the items/s the larger pool got is the pace of
 something more workers cannot add (the cores); the pool goes to the size
@@ -145,8 +146,8 @@ class Tuner:
         self._busy_s = 0.0
         self._demand = self._per_item = None
         self._idle_windows = 0
-        self._warm = False     # whether the first window, the pool's start, is over
-        self._grew = None      # (size, items/s, seconds per item) before a growth, to check it paid
+        self._warm = False     # whether the pool's start is over
+        self._grew = None      # (size, items/s, seconds per item) before growing, to check it paid
         self._ceiling = None   # (size, seconds per item below and above it) a growth beyond which did not pay
         self.outstanding = 0  # items asked for and not finished, across windows
 
@@ -190,7 +191,11 @@ class Tuner:
 
     def due(self, now):
         """Whether a window has enough to go on (``decide`` would decide)."""
-        return self._since is not None and now - self._since >= self.window_s and self._done >= self.min_items
+        if self._since is None:
+            return False
+        if not self._warm:  # the pool's start: over once every worker has finished an item
+            return self._done >= max(self.min_items, self.count)
+        return now - self._since >= self.window_s and self._done >= self.min_items
 
     def decide(self, now, cores_busy=None):
         """A ``Decision`` once a window has enough to go on, else None; starts the next window.
@@ -203,8 +208,8 @@ class Tuner:
         if not self.due(now):
             return None
         if not self._warm:
-            # The first window holds the pool's start (its first items' whole latency, the
-            # look-ahead asked at once): neither its items/s nor its demand is the run's.
+            # The pool's start (its first items' whole latency, the look-ahead asked at once):
+            # neither its items/s nor its demand is the run's.
             self._warm = True
             self.restart(now)
             return None
@@ -220,7 +225,8 @@ class Tuner:
             self._ceiling = None  # outside what both sizes measured, by half: the source or the load changed
         need = _bounded(math.ceil(demand * per_item * HEADROOM), self.low, self.high)
         target = self.count
-        if self._grew is not None and not self._paid(rate):
+        judge = self._grew is not None and self.count >= GROWTH * self._grew[0]
+        if judge and not self._paid(rate):
             # The workers added mostly waited, for something more workers cannot add (the
             # cores): the items/s the pool got is that thing's pace, and Little's law at it
             # with the smaller pool's time per item is the pool it takes. No higher while
@@ -246,9 +252,12 @@ class Tuner:
         if self._ceiling is not None and target > self.count:
             target = max(self.count, min(target, self._ceiling[0]))
         target = _bounded(target, self.low, self.high)
-        # A step under GROWTH promises less than one window's noise: it could not be judged, and
-        # is taken on the measured load's word (it stops where the cores are full).
-        self._grew = (self.count, rate, window_per_item) if target >= GROWTH * self.count else None
+        # Growths are judged once they add up to GROWTH: a smaller one promises less than one
+        # window's noise. Growing window after window, the sizes before the first are the base.
+        if target <= self.count or judge:
+            self._grew = None
+        if target > self.count and self._grew is None:
+            self._grew = (self.count, rate, window_per_item)
         self.count = target
         self._since, self._asked, self._done, self._busy_s = now, 0, 0, 0.0
         return Decision(target, demand, per_item, busy)
