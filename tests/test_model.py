@@ -261,3 +261,16 @@ def test_a_saturated_pool_grows_to_fill_the_cores_and_no_further():
     assert saturated(0.3) == 20        # at most twice the pool in one window
     assert saturated(0.95) == 10       # the cores hold the items back, not the pool
     assert saturated(0.85) == 11       # room for a few more
+
+
+def test_small_growths_are_judged_together_against_the_size_before_them():
+    t = Tuner(40, 1, 64, window_s=1.0, min_items=1)
+    _window(t, 0.0, 1000, 1000, 0.040)
+    # The cores 80% busy, then 85%: room for a few more each time, too few to judge alone.
+    assert _window(t, 1.0, 1000, 1000, 0.040, waiting=200, cores_busy=0.8).count == 45
+    assert _window(t, 2.0, 1000, 1010, 0.044, waiting=200, cores_busy=0.85).count == 48
+    assert _window(t, 3.0, 1000, 1020, 0.047, waiting=200, cores_busy=0.85).count == 51
+    # 51 workers are a quarter more than 40: they promised 1,275 items/s and gave 1,020.
+    # Little's law at that pace and the 40 workers' 40 ms an item: 41 workers, no more.
+    assert _window(t, 4.0, 1000, 1020, 0.050, waiting=200, cores_busy=0.85).count == 41
+    assert _window(t, 5.0, 1000, 1000, 0.041, waiting=200, cores_busy=0.8).count == 41

@@ -12,9 +12,9 @@ cores, not the source, would set the pace.
 
 While running, a ``Tuner`` per pool applies the same law to what it measures
 over a window (not over the pool's start, until every worker has finished
-an item): the items asked for
-per second (the demand), the worker seconds each item took, and, where the
-caller can read it, how busy the machine's cores were. When the workers
+an item): the items asked for per second (the demand), the worker seconds
+each item took, and, where the caller can read it, how busy the machine's
+cores were. When the workers
 were nearly all busy and work was waiting, the demand it saw was held back
 by the pool itself, and the cores decide the step:
 
@@ -26,8 +26,9 @@ by the pool itself, and the cores decide the step:
 - load unknown: a quarter more.
 
 Growth must pay, judged once the pool has grown by a quarter over windows
-in a row (a smaller growth promises less than a window's noise): workers as quick as before
-promise items/s in proportion to their number, and when the items/s rose by
+in a row (a smaller growth promises less than a window's noise): workers as
+quick as before promise items/s in proportion to their number, and when the
+items/s rose by
 less than half of that, the items/s the larger pool got is the pace of
 something more workers cannot add (the cores); the pool goes to the size
 Little's law gives at that pace with the smaller pool's time per item (never
@@ -47,10 +48,10 @@ HEADROOM = 1.3          # workers beyond the law's count: rates vary file to fil
 PROCESS_BYTES = 64 << 20  # memory a worker process takes, for the upper bound
 MAX_PREFETCHERS = 64
 PAID = 0.5              # share of the items/s a growth promised that it must deliver to stay
-# A saturated pool's step where the cores' load is not known. The pool starts near the cores'
-# pace, so a step refines rather than ramps: near that pace a step is overshoot, judged over a
-# window, and each worker it forks pauses the service thread (4-7 ms on the 2-core
-# development machine).
+# A saturated pool's step where the cores' load is not known, and the growth judged at once
+# (a smaller one promises less than a window's noise). The pool starts near the cores' pace,
+# so a step refines rather than ramps: near that pace a step is overshoot, and each worker it
+# forks pauses the service thread (4-7 ms on the 2-core development machine).
 GROWTH = 1.25
 CORES_FULL = 0.9        # cores this busy are saturated: the rest is gaps between processes' turns
 _UNBOUNDED = 1 << 30  # prefetchers enough that fetching sets no limit
