@@ -1,8 +1,10 @@
 """The what-if model's predictions against measured runs at settings it was not calibrated on.
 
 Makes a synthetic dataset, mounts it through the slow file system emulator,
-calibrates the model once (a probe of a few files, then one run at the
-calibration setting: its prefetcher, reader and rank-process costs), and then,
+calibrates the model once (a probe of a few files, then three runs at the
+calibration setting: the median of their prefetcher, reader and rank-process
+costs, since one run's cost per file moves by several per cent from run to
+run with the machine, and every fetch-bound prediction scales with it), and then,
 for six other settings (prefetchers, readers, latency, bandwidth, compute,
 a bounded cache over two epochs), runs stager and compares the measured
 throughput with the model's. Throughput is steady: samples after the first
@@ -10,7 +12,7 @@ minibatch over the time after it (start-up is not what the model predicts).
 
     .venv/bin/python benchmarks/model_accuracy.py
 
-Prints a Markdown table for docs/benchmarks.md (about 3 minutes on 2 cores).
+Prints a Markdown table for docs/benchmarks.md (about 2 minutes on 2 cores).
 """
 
 import argparse
@@ -18,6 +20,7 @@ import json
 import os
 import resource
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -27,8 +30,9 @@ from stager import plan as planlib
 from stager.catalog import Catalog
 from stager.config import config_from_dict
 from stager.job.synth import MANIFEST, make_dataset
-from stager.model import Settings, cache_misses, from_summary, predict, predict_run, probe
+from stager.model import Settings, from_summary, predict, predict_run, probe
 from stager.model.calibrate import available_cores, cores_note
+from stager.model.misses import step_misses
 from stager.model.whatif import capacity_bytes
 from stager.pipeline import Pipeline
 from stager.slowfs import SlowFS
@@ -52,6 +56,7 @@ class Case:
 
 LOOKAHEAD = 8
 CALIBRATION = Case("calibration", prefetchers=2, readers=1)
+CALIBRATION_RUNS = 3
 CASES = [
     Case("1 prefetcher", prefetchers=1, readers=1),
     Case("6 prefetchers, 2 readers", prefetchers=6, readers=2),
@@ -93,6 +98,12 @@ def measure(slow, case, root, local, batch_size, samples):
     return summary, cfg
 
 
+def median_rates(runs):
+    """One ``Rates`` from several calibrations: each measured cost the median of its values."""
+    fields = runs[0].to_dict()
+    return type(runs[0]).from_dict({k: statistics.median(r.to_dict()[k] for r in runs) for k in fields})
+
+
 def _sizes(root):
     return Catalog.load(config_from_dict({"dataset": {"source": root, "manifest": MANIFEST}}).dataset).sizes
 
@@ -105,11 +116,10 @@ def predicted(rates, case, cfg):
                         bandwidth=case.mbps * 1e6, compute_s=case.compute_ms / 1000.0)
     catalog_n = len(_sizes(cfg.dataset.source))
     spec = planlib.PlanSpec.from_config(catalog_n, cfg.plan, 1)
-    steps = planlib.steps_per_epoch(catalog_n, cfg.plan.batch_size, cfg.plan.drop_last)
     capacity = capacity_bytes(case.capacity, _sizes(cfg.dataset.source)) if case.capacity else None
-    misses = cache_misses(_sizes(cfg.dataset.source), spec, capacity=capacity, ahead=LOOKAHEAD)
-    rate, stall, _ = predict_run(rates, settings, misses, steps)
-    worst = max(misses) / (steps * cfg.plan.batch_size)
+    misses = step_misses(_sizes(cfg.dataset.source), spec, capacity=capacity, ahead=LOOKAHEAD)
+    rate, stall, _ = predict_run(rates, settings, misses, LOOKAHEAD)
+    worst = max(e.sum() / (len(e) * cfg.plan.batch_size) for e in misses)
     return rate, stall, predict(rates, replace(settings, miss=worst)).bottleneck
 
 
@@ -133,10 +143,11 @@ def main(argv=None):
             free_before = available_cores()
             base = probe(PosixSource(slow.mountpoint), catalog, "npy", batch_size=args.batch_size,
                          compute_s=CALIBRATION.compute_ms / 1000.0)
-            summary, _ = measure(slow, CALIBRATION, root, local, args.batch_size, args.samples)
-            # The run's costs per file are wall times, waiting for a core included: the cores
+            # The runs' costs per file are wall times, waiting for a core included: the cores
             # are the machine's, not those free now, or a busy machine's waits would count twice.
-            rates = from_summary(summary, base)
+            calibrations = [from_summary(measure(slow, CALIBRATION, root, local, args.batch_size, args.samples)[0],
+                                         base) for _ in range(CALIBRATION_RUNS)]
+            rates = median_rates(calibrations)
             rows = []
             for case in CASES:
                 summary, cfg = measure(slow, case, root, local, args.batch_size, args.samples)
@@ -152,12 +163,15 @@ def main(argv=None):
             free_after = available_cores()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    print(f"calibration ({CALIBRATION.prefetchers} prefetchers, {CALIBRATION.readers} reader, "
+    print(f"calibration (median of {CALIBRATION_RUNS} runs at {CALIBRATION.prefetchers} prefetchers, "
+          f"{CALIBRATION.readers} reader, "
           f"{CALIBRATION.open_ms:g} ms opens, {CALIBRATION.compute_ms:g} ms compute): open "
           f"{rates.open_s * 1000:.2f} ms, prefetcher {rates.copy_s * 1000:.2f} ms/file, reader "
           f"{rates.read_s * 1000:.3f} ms/file, rank process {rates.main_s * 1000:.3f} ms/sample, "
           f"{rates.cores:g} cores; "
-          f"{args.samples} samples of {args.bytes // 1024} KiB, batch {args.batch_size}\n")
+          f"{args.samples} samples of {args.bytes // 1024} KiB, batch {args.batch_size}")
+    print("prefetcher ms/file in each calibration run: "
+          + ", ".join(f"{c.copy_s * 1000:.2f}" for c in calibrations) + "\n")
     print("| setting | prefetchers | readers | open ms | MB/s | compute ms | cache | predicted samples/s | "
           "measured samples/s | error | predicted stall | measured stall | bottleneck |")
     print("|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---|")
@@ -172,7 +186,8 @@ def main(argv=None):
     print(cores_note(free_before, free_after))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump({"rates": rates.to_dict(), "rows": rows}, fh, indent=2)
+            json.dump({"rates": rates.to_dict(), "calibrations": [c.to_dict() for c in calibrations], "rows": rows},
+                      fh, indent=2)
     return 0
 
 

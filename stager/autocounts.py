@@ -17,6 +17,7 @@ from dataclasses import replace
 from . import model
 from . import telemetry as tm
 from .errors import StageError
+from .model.calibrate import cpu_ticks
 from .world import agree
 
 log = logging.getLogger(__name__)
@@ -57,8 +58,8 @@ def resolve(staging, reader, dataset, batch_size, catalog, source, node_comm):
     if is_auto(reader.workers):
         reader = replace(reader, workers=readers)
     log.info("stager: auto counts: %s prefetchers, %s readers (probe: open %.1f ms, %.0f MB/s, read %.2f ms/file, "
-             "%d cores)", staging.prefetchers, reader.workers, rates.open_s * 1000, rates.bandwidth / 1e6,
-             rates.read_s * 1000, rates.cores)
+             "CPU %.2f ms/file, %d cores)", staging.prefetchers, reader.workers, rates.open_s * 1000,
+             rates.bandwidth / 1e6, rates.read_s * 1000, rates.cpu_s * 1000, rates.cores)
     return staging, reader, rates
 
 
@@ -90,6 +91,7 @@ class PoolResizer:
         self.tuner = model.Tuner(pool.size, 1, max(high, pool.size))
         self.telemetry = telemetry
         self.before_grow = before_grow
+        self._ticks = cpu_ticks()  # the cores' clock ticks when the tuner's window began
 
     def asked(self, items):
         self.tuner.asked(items, time.monotonic())
@@ -99,7 +101,15 @@ class PoolResizer:
 
     def resize(self):
         """Applies the tuner's decision, if any; True when the pool changed (wait on its new ``conns``)."""
-        decision = self.tuner.decide(time.monotonic())
+        now = time.monotonic()
+        if not self.tuner.due(now):
+            return False  # read the cores' load once a window, not every turn of the loop
+        ticks = cpu_ticks()
+        cores_busy = None
+        if ticks is not None and self._ticks is not None and ticks[1] > self._ticks[1]:
+            cores_busy = (ticks[0] - self._ticks[0]) / (ticks[1] - self._ticks[1])
+        self._ticks = ticks
+        decision = self.tuner.decide(now, cores_busy)
         if decision is None or decision.count == self.pool.size:
             return False
         change = decision.count - self.pool.size
@@ -110,6 +120,7 @@ class PoolResizer:
             self.pool.shrink(-change)
         self.tuner.count = self.pool.size
         self.tuner.restart(time.monotonic())  # judge the new size on a window of its own
+        self._ticks = cpu_ticks()
         self.telemetry.record(tm.RESIZED, self.stage, self.pool.size, decision.per_item_s)
         log.debug("stager: %s pool now %d (demand %.1f/s, %.2f ms per item, %.0f%% busy)",
                   "prefetch" if self.stage == PREFETCH else "read", self.pool.size, decision.demand,

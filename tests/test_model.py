@@ -11,8 +11,8 @@ from stager import plan
 from stager.config import PlanConfig, load_config
 from stager.deadlines import DeadlineQueue
 from stager.errors import ConfigError
-from stager.model import Rates, Settings, Tuner, cache_misses, choose_counts, from_summary, predict, probe
-from stager.model.tune import START_PER_CORE
+from stager.model import (Rates, Settings, Tuner, cache_misses, choose_counts, from_summary, predict, predict_run, probe,
+                          step_misses)
 from stager.slowfs import SlowFS
 from stager.sources import PosixSource
 
@@ -53,21 +53,79 @@ def test_cache_misses_replay_the_plan():
         cache_misses(sizes, spec, capacity=10_000, ahead=4)
 
 
+def test_a_bounded_clairvoyant_cache_misses_the_next_epochs_end():
+    sizes = np.full(400, 1000)
+    spec = plan.PlanSpec.from_config(400, PlanConfig(batch_size=10, epochs=2, seed=2), 1)
+    first, second = step_misses(sizes, spec, capacity=200_000, ahead=4)
+    assert [int(first.sum()), int(second.sum())] == cache_misses(sizes, spec, capacity=200_000, ahead=4)
+    assert len(second) == 40 and first.tolist() == [10] * 40
+    # It kept the files the second epoch reads first: its first quarter hits, its last misses nearly all.
+    assert second[:10].sum() == 0 and second[-10:].sum() >= 80
+
+
+def test_a_run_with_bunched_misses_is_slower_than_its_mean_miss_says():
+    settings = Settings(prefetchers=4, readers=2)
+    fetch_s = 32 * 0.013 / 4      # 32 files a step, 13 ms each, 4 prefetchers: 104 ms a step
+    cold = predict(RATES, settings)
+    rate, _, seconds = predict_run(RATES, settings, [[32] * 100], ahead=4)
+    assert cold.step_s == pytest.approx(fetch_s) and rate == pytest.approx(cold.samples_per_s, rel=0.01)
+    # The same 1,600 misses: spread evenly, or all in the second half (a clairvoyant cache's next epoch).
+    _, _, even = predict_run(RATES, settings, [[16] * 100], ahead=4)
+    _, _, bunched = predict_run(RATES, settings, [[0] * 50 + [32] * 50], ahead=4)
+    assert even == pytest.approx(99 * fetch_s / 2 + 0.020, rel=0.01)
+    # The first half waits on the compute (20 ms), the second on the prefetchers, who
+    # could start on it only 4 minibatches early.
+    assert 50 * 0.020 + 46 * fetch_s <= bunched <= 50 * 0.020 + 50 * fetch_s
+    assert bunched > 1.15 * even
+
+
 def test_choose_counts_grow_with_latency_within_the_start_bound():
     few, readers = choose_counts(RATES)
-    assert 1 <= readers <= 2 and 1 <= few <= START_PER_CORE * 2
+    assert 1 <= readers <= 2 and 1 <= few <= 64
     slow = Rates(**{**RATES.to_dict(), "open_s": 0.001, "bandwidth": 0.0, "copy_s": 0.0005, "main_s": 0.0005})
     slower = Rates(**{**slow.to_dict(), "open_s": 0.004})
     assert choose_counts(slow)[0] < choose_counts(slower)[0]
 
 
+# A probe of 64 KiB files on 2 cores: 2 ms of CPU a file (0.1 of it decoding), 4 ms of wall time
+# beyond the open when eight threads share the cores.
+PROBED = Rates(open_s=0.030, bandwidth=0.0, copy_s=0.004, read_s=0.0001, file_bytes=65536, batch_size=16, cores=2,
+               cpu_s=0.002)
+
+
+def test_prefetchers_start_where_the_cores_would_set_the_pace():
+    # The cores allow 2 / 2 ms = 1,000 files/s; a prefetcher keeps a file 30 ms + 1.9 ms of its own.
+    assert choose_counts(PROBED) == (32, 1)
+    assert choose_counts(Rates(**{**PROBED.to_dict(), "open_s": 0.010}))[0] == 12
+    # The probe's copy time is a wall time among threads sharing the cores: it does not move the count.
+    assert choose_counts(Rates(**{**PROBED.to_dict(), "copy_s": 0.012}))[0] == 32
+    # Twice the CPU a file: half the files a second, each 33.9 ms in a prefetcher.
+    assert choose_counts(Rates(**{**PROBED.to_dict(), "cpu_s": 0.004}))[0] == 17
+
+
+def _window(tuner, start, items, rate, per_item_s, waiting=0, cores_busy=None):
+    """One second of ``tuner`` from ``start``: ``items`` asked (plus ``waiting`` more), done at ``rate``."""
+    tuner.asked(items + waiting, start)
+    done = int(rate * 1.0)
+    tuner.finished(done, done * per_item_s)
+    return tuner.decide(start + 1.0, cores_busy)
+
+
+def test_tuner_skips_the_pools_start():
+    t = Tuner(4, 1, 64, window_s=1.0, min_items=1)
+    # The look-ahead asked at once, the first items' whole latency: no decision on that.
+    assert _window(t, 0.0, 400, 20, 0.2, waiting=300) is None and t.count == 4
+    assert _window(t, 1.0, 100, 100, 0.039, waiting=300).count == 5
+
+
 def test_tuner_grows_when_saturated_and_shrinks_after_quiet_windows():
     t = Tuner(4, 1, 32, window_s=1.0, min_items=1)
+    _window(t, -1.0, 100, 100, 0.039)  # the pool's start
     t.asked(400, 0.0)
     t.finished(100, 3.9)          # 4 workers busy all second, 300 items waiting
     assert t.decide(0.5) is None  # the window is not over
     d = t.decide(1.0)
-    assert d.count >= 6 and d.busy > 0.85
+    assert d.count == 5 and d.busy > 0.85
     count = d.count
     for second in range(2, 8):    # then little demand: shrink, but a quarter at a time
         t.asked(2, second - 0.5)
@@ -164,15 +222,55 @@ def test_auto_counts_in_the_config():
 
 def test_tuner_goes_back_when_a_growth_does_not_pay():
     t = Tuner(4, 1, 64, window_s=1.0, min_items=1)
-    t.asked(150, 0.0)
-    t.finished(100, 3.9)              # saturated at 100 items/s, work waiting
-    assert t.decide(1.0).count == 8
-    t.asked(150, 1.5)
-    t.finished(102, 7.9)              # twice the workers, the same items/s: they wait for the CPU
-    assert t.decide(2.0).count == 4
-    t.asked(150, 2.5)
-    t.finished(100, 3.9)              # saturated again, same time per item: stays at the ceiling
-    assert t.decide(3.0).count == 4
-    t.asked(150, 3.5)
-    t.finished(25, 3.9)               # each item now takes 4x longer (the source slowed): grows again
-    assert t.decide(4.0).count > 4
+    _window(t, 0.0, 100, 100, 0.039)                                   # the pool's start
+    assert _window(t, 1.0, 100, 100, 0.039, waiting=50).count == 5     # saturated at 100 items/s
+    # A quarter more workers promised 125 items/s and got 102: they wait for the CPU.
+    assert _window(t, 2.0, 100, 102, 0.049, waiting=50).count == 4
+    # Saturated again, each item as long as before: stays at the ceiling.
+    assert _window(t, 3.0, 100, 100, 0.039, waiting=50).count == 4
+    # Each item now takes 4x longer (the source slowed): grows again.
+    assert _window(t, 4.0, 100, 25, 0.156, waiting=50).count > 4
+
+
+def test_a_growth_that_pays_half_lands_where_littles_law_puts_the_cores_pace():
+    t = Tuner(16, 1, 64, window_s=1.0, min_items=1)
+    _window(t, 0.0, 900, 900, 0.0178)
+    assert _window(t, 1.0, 900, 900, 0.0178, waiting=200).count == 20
+    # 20 workers promised 1,125 items/s and got 950: the cores' pace. At the 16
+    # workers' 17.8 ms an item, 950 items/s take 17 workers; no more while that holds.
+    assert _window(t, 2.0, 950, 950, 0.021, waiting=200).count == 17
+    assert _window(t, 3.0, 950, 950, 0.018, waiting=200).count == 17
+
+
+def test_a_growth_that_pays_is_kept_and_the_pool_grows_on():
+    t = Tuner(4, 1, 64, window_s=1.0, min_items=1)
+    _window(t, 0.0, 100, 100, 0.039)
+    assert _window(t, 1.0, 100, 100, 0.039, waiting=50).count == 5
+    assert _window(t, 2.0, 125, 125, 0.039, waiting=50).count == 7
+
+
+def test_a_saturated_pool_grows_to_fill_the_cores_and_no_further():
+    def saturated(cores_busy):
+        t = Tuner(10, 1, 64, window_s=1.0, min_items=1)
+        _window(t, 0.0, 250, 250, 0.039)
+        t.asked(300, 1.0)
+        t.finished(250, 250 * 0.039)   # 10 workers busy all second, work waiting
+        return t.decide(2.0, cores_busy).count
+    # The cores were 64% busy: they allow 1.4 times the items/s (to 90% busy), and as many more workers.
+    assert saturated(0.64) == 15
+    assert saturated(0.3) == 20        # at most twice the pool in one window
+    assert saturated(0.95) == 10       # the cores hold the items back, not the pool
+    assert saturated(0.85) == 11       # room for a few more
+
+
+def test_small_growths_are_judged_together_against_the_size_before_them():
+    t = Tuner(40, 1, 64, window_s=1.0, min_items=1)
+    _window(t, 0.0, 1000, 1000, 0.040)
+    # The cores 80% busy, then 85%: room for a few more each time, too few to judge alone.
+    assert _window(t, 1.0, 1000, 1000, 0.040, waiting=200, cores_busy=0.8).count == 45
+    assert _window(t, 2.0, 1000, 1010, 0.044, waiting=200, cores_busy=0.85).count == 48
+    assert _window(t, 3.0, 1000, 1020, 0.047, waiting=200, cores_busy=0.85).count == 51
+    # 51 workers are a quarter more than 40: they promised 1,275 items/s and gave 1,020.
+    # Little's law at that pace and the 40 workers' 40 ms an item: 41 workers, no more.
+    assert _window(t, 4.0, 1000, 1020, 0.050, waiting=200, cores_busy=0.85).count == 41
+    assert _window(t, 5.0, 1000, 1000, 0.041, waiting=200, cores_busy=0.8).count == 41

@@ -9,8 +9,8 @@ the ``stager whatif`` table (``whatif.py``).
 
 from .calibrate import from_summary, machine, probe
 from .equations import Prediction, Rates, Settings, predict, predict_run
-from .misses import cache_misses
+from .misses import cache_misses, step_misses
 from .tune import Decision, Tuner, choose_counts, count_limits
 
 __all__ = ["Decision", "Prediction", "Rates", "Settings", "Tuner", "cache_misses", "choose_counts", "count_limits",
-           "from_summary", "machine", "predict", "predict_run", "probe"]
+           "from_summary", "machine", "predict", "predict_run", "probe", "step_misses"]

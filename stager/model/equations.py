@@ -38,6 +38,8 @@ look-ahead it goes as fast as the slowest of them::
 The stage that sets ``step_s`` is the bottleneck. ``miss`` comes from the
 cache (``misses.py``): 1 for a cold, unbounded cache's first epoch, 0 for
 its later epochs, and in between what a bounded clairvoyant cache misses.
+Such a cache misses unevenly within an epoch, so a run over it is the sum of
+its minibatches' steps, each at its own miss fraction (``predict_run``, (7)).
 """
 
 import math
@@ -60,6 +62,8 @@ class Rates:
         batch_size: Samples per minibatch (of one rank).
         cores: CPU cores the stages share.
         memory: Bytes of memory available for workers (0: not known).
+        cpu_s: The probe process's CPU seconds per file (fetched, decoded,
+            system calls included); 0: not measured.
     """
 
     open_s: float
@@ -73,6 +77,7 @@ class Rates:
     batch_size: int = 32
     cores: float = 1.0
     memory: float = 0.0
+    cpu_s: float = 0.0
 
     def to_dict(self):
         return asdict(self)
@@ -188,25 +193,56 @@ def predict(rates, settings):
     return Prediction(b / step, step, max(0.0, 1.0 - r.compute_s / step), bottleneck, fetch, read, cpu)
 
 
-def predict_run(rates, settings, misses_per_epoch, steps_per_epoch):
-    """A whole run's throughput when the miss fraction differs by epoch (a cache).
+def predict_run(rates, settings, misses_per_step, ahead=16):
+    """A whole run's throughput when the misses differ from minibatch to minibatch (a bounded cache).
+
+    A bounded clairvoyant cache keeps the files the next epoch reads first,
+    so that epoch's misses come bunched at its end (``misses.step_misses``).
+    An epoch's mean miss fraction in (5) would hide that its start waits on
+    the compute and its end on the prefetchers: the mean of the steps' times
+    is more than the time of the mean step. So each minibatch ``k`` has its
+    own fetch time ``w_k = misses_k / fetch_rate`` and the time ``s_k`` of
+    the other terms of (5) at its own miss fraction. The prefetchers serve
+    the minibatches in order, at most ``ahead`` (the look-ahead) past the one
+    being consumed; ``F_k`` is when minibatch ``k`` is fetched, ``S_k`` when
+    its step starts::
+
+        F_k = max(F_{k-1}, S_{k-ahead}) + w_k
+        S_k = max(S_{k-1} + s_{k-1}, F_k)                                   (7)
+
+    With the same misses at every step, (7) gives (5)'s step time again.
 
     Args:
         rates: A ``Rates``.
         settings: A ``Settings`` (its ``miss`` is ignored).
-        misses_per_epoch: Files fetched from the source in each epoch.
-        steps_per_epoch: Minibatches per epoch.
+        misses_per_step: For each epoch, the files fetched from the source
+            for each of its minibatches (``misses.step_misses``).
+        ahead: Minibatches asked for ahead (``staging.lookahead``).
 
     Returns:
-        ``(samples_per_s, stall, seconds)`` over all epochs.
+        ``(samples_per_s, stall, seconds)`` from the first minibatch's step to
+        the end (steady: the wait for the first minibatch is start-up).
     """
-    seconds = stalled = 0.0
-    b = rates.batch_size
-    compute = settings.compute_s if settings.compute_s is not None else rates.compute_s
-    for misses in misses_per_epoch:
-        miss = misses / (steps_per_epoch * b) if steps_per_epoch else 0.0
-        p = predict(rates, replace(settings, miss=miss))
-        seconds += steps_per_epoch * p.step_s
-        stalled += steps_per_epoch * max(0.0, p.step_s - compute)
-    samples = len(misses_per_epoch) * steps_per_epoch * b
-    return (samples / seconds if seconds else math.inf), (stalled / seconds if seconds else 0.0), seconds
+    r = with_source(rates, settings.open_s, settings.bandwidth, settings.compute_s)
+    b = r.batch_size
+    fetch = fetch_rate(r, settings.prefetchers)
+    steady = max(r.compute_s, 1.0 / read_rate(r, settings.readers), b * r.main_s)
+    rest = {}  # step time of the stages other than fetching, by misses (at most b + 1 values a rank)
+    started = []
+    fetched = end = 0.0
+    for epoch in misses_per_step:
+        for misses in epoch:
+            misses = int(misses)
+            if misses not in rest:
+                rest[misses] = max(steady, b / cpu_rate(r, misses / b))
+            issued = started[-ahead] if len(started) >= ahead else 0.0
+            fetched = max(fetched, issued) + misses / fetch
+            start = max(end, fetched)
+            started.append(start)
+            end = start + rest[misses]
+    if not started:
+        return math.inf, 0.0, 0.0
+    seconds = end - started[0]
+    if seconds <= 0:
+        return math.inf, 0.0, 0.0
+    return len(started) * b / seconds, max(0.0, 1.0 - len(started) * r.compute_s / seconds), seconds

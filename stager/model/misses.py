@@ -1,11 +1,11 @@
-"""How many files a bounded cache fetches from the source, epoch by epoch, computed from the plan.
+"""How many files a bounded cache fetches from the source, minibatch by minibatch, computed from the plan.
 
 The order of every epoch is known in advance, so the node cache's misses
 need not be guessed: ``cache_misses`` replays the node's requests (every rank's
 minibatches, ``ahead`` of the reading, as the coordinators ask for them)
 through the same ``cache.Cache`` and policy the service uses, admitting a
 request once the reads before it have made room, and counts the files each
-epoch had to fetch. With the clairvoyant policy that is what a run fetches,
+minibatch had to fetch. With the clairvoyant policy that is what a run fetches,
 whatever its timing, since the policy decides from the plan alone.
 """
 
@@ -19,6 +19,17 @@ from ..cache import Cache, CacheFull, check_window, policy_name
 def cache_misses(sizes, spec, ranks=(0,), capacity=None, policy="auto", ahead=16):
     """Files fetched from the source in each epoch of ``spec`` read by ``ranks`` of one node.
 
+    ``step_misses`` summed over each epoch; the arguments are the same.
+
+    Returns:
+        A list: misses per epoch, from the plan's first epoch.
+    """
+    return [int(epoch.sum()) for epoch in step_misses(sizes, spec, ranks, capacity, policy, ahead)]
+
+
+def step_misses(sizes, spec, ranks=(0,), capacity=None, policy="auto", ahead=16):
+    """Files fetched from the source for each step of each epoch of ``spec`` read by ``ranks`` of one node.
+
     Args:
         sizes: Catalog sizes in bytes.
         spec: A ``plan.PlanSpec`` with a finite number of epochs.
@@ -28,7 +39,8 @@ def cache_misses(sizes, spec, ranks=(0,), capacity=None, policy="auto", ahead=16
         ahead: Minibatches each rank asks for past its reading (``staging.lookahead``).
 
     Returns:
-        A list: misses per epoch, from the plan's first epoch.
+        A list with an array per epoch, from the plan's first epoch: the files
+        the node fetched for each of its steps (every rank's minibatch of it).
 
     Raises:
         ConfigError: For a capacity below the look-ahead window (as ``stager run`` would).
@@ -42,13 +54,14 @@ def cache_misses(sizes, spec, ranks=(0,), capacity=None, policy="auto", ahead=16
     for rank in ranks:
         cache.add_plan(rank, spec)
     pending = collections.deque()  # files of requests made and not yet read, oldest first
-    misses = collections.Counter()
+    misses = collections.defaultdict(list)  # epoch: files fetched for each of its steps
 
     def read_oldest():
         for index in cache.release(pending.popleft()):
             cache.removed(index)
 
     for seq, step in enumerate(zip(*(spec.minibatches(rank) for rank in ranks))):
+        fetched = 0
         for rank, mb in zip(ranks, step):
             while len(pending) >= ahead * len(ranks):
                 read_oldest()
@@ -67,7 +80,8 @@ def cache_misses(sizes, spec, ranks=(0,), capacity=None, policy="auto", ahead=16
             cache.fetching(missing)
             for index in missing.tolist():
                 cache.staged(index)
-            misses[mb.epoch] += len(missing)
+            fetched += len(missing)
             pending.append(files)
+        misses[step[0].epoch].append(fetched)
     first = spec.start.epoch
-    return [misses[e] for e in range(first, spec.epochs)]
+    return [np.array(misses[e], dtype=np.int64) for e in range(first, spec.epochs)]

@@ -17,7 +17,7 @@ from ..cache import parse_capacity
 from ..errors import ConfigError
 from .calibrate import available_cores, from_summary, probe
 from .equations import Rates, Settings, predict, predict_run
-from .misses import cache_misses
+from .misses import step_misses
 
 
 @dataclass(frozen=True)
@@ -115,13 +115,11 @@ def grid(rates, prefetchers, readers, open_ms=(None,), mbps=(None,), compute_ms=
         A list of ``Row``.
     """
     misses = {}
-    steps = None
     if catalog is not None and plan_cfg is not None:
         spec = planlib.PlanSpec.from_config(len(catalog), plan_cfg, 1)
-        steps = planlib.steps_per_epoch(len(catalog), plan_cfg.batch_size, plan_cfg.drop_last)
         for cap in capacities:
-            misses[cap] = cache_misses(catalog.sizes, spec, capacity=capacity_bytes(cap, catalog.sizes),
-                                       ahead=ahead)
+            misses[cap] = step_misses(catalog.sizes, spec, capacity=capacity_bytes(cap, catalog.sizes),
+                                      ahead=ahead)
     elif any(c is not None for c in capacities):
         raise ConfigError("stager whatif: --capacity needs --config (the cache's misses are computed from the plan)")
     rows = []
@@ -129,8 +127,8 @@ def grid(rates, prefetchers, readers, open_ms=(None,), mbps=(None,), compute_ms=
         settings = Settings(prefetchers=p, readers=r, open_s=None if o is None else o / 1000.0,
                             bandwidth=None if m is None else m * 1e6, compute_s=None if c is None else c / 1000.0)
         if cap in misses:
-            rate, stall, _ = predict_run(rates, settings, misses[cap], steps)
-            worst = max(misses[cap]) / (steps * rates.batch_size) if steps else 1.0
+            rate, stall, _ = predict_run(rates, settings, misses[cap], ahead)
+            worst = max(e.sum() / (len(e) * rates.batch_size) for e in misses[cap] if len(e))
             bottleneck = predict(rates, replace(settings, miss=worst)).bottleneck
         else:
             pred = predict(rates, settings)
