@@ -33,12 +33,12 @@ if not os.environ.get("PYTHONPATH"):
 
 from stager import telemetry as tm  # noqa: E402
 from stager.config import config_from_dict  # noqa: E402
+from stager.engine import Pipeline  # noqa: E402
 from stager.job.progress import RunProgress  # noqa: E402
 from stager.job.synth import MANIFEST, make_dataset  # noqa: E402
-from stager.pipeline import Pipeline  # noqa: E402
-from stager.report.accounting import job_nodes, job_stages  # noqa: E402
 from stager.slowfs import SlowFS  # noqa: E402
-from stager.stats import Stats  # noqa: E402
+from stager.telemetry import Stats  # noqa: E402
+from stager.telemetry.accounting import job_nodes, job_stages  # noqa: E402
 
 
 class _Tty(io.StringIO):

@@ -28,9 +28,9 @@ import time
 
 from stager import telemetry as tm
 from stager.config import config_from_dict
-from stager.model.calibrate import available_cores, cores_note
+from stager.engine import Pipeline
 from stager.job.synth import MANIFEST, make_dataset
-from stager.pipeline import Pipeline
+from stager.model.calibrate import available_cores, cores_note
 from stager.slowfs import SlowFS
 
 SOURCES = (("10 ms opens", 10.0), ("30 ms opens", 30.0))

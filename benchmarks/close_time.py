@@ -28,8 +28,8 @@ if not os.environ.get("PYTHONPATH"):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from stager.config import config_from_dict  # noqa: E402
+from stager.engine import Pipeline  # noqa: E402
 from stager.job.synth import MANIFEST, make_dataset  # noqa: E402
-from stager.pipeline import Pipeline  # noqa: E402
 
 
 def pil_chw(path):

@@ -22,7 +22,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from stager.images import to_chw  # noqa: E402
+from stager.formats.images import to_chw  # noqa: E402
 from stager.job.synth import MANIFEST, make_dataset  # noqa: E402
 
 

@@ -29,12 +29,12 @@ from dataclasses import dataclass, field, replace
 from stager import plan as planlib
 from stager.catalog import Catalog
 from stager.config import config_from_dict
+from stager.engine import Pipeline
 from stager.job.synth import MANIFEST, make_dataset
 from stager.model import Settings, from_summary, predict, predict_run, probe
 from stager.model.calibrate import available_cores, cores_note
 from stager.model.misses import step_misses
 from stager.model.whatif import capacity_bytes
-from stager.pipeline import Pipeline
 from stager.slowfs import SlowFS
 from stager.sources import PosixSource
 

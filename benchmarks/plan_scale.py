@@ -100,7 +100,7 @@ def build_rate(root, out, ranks):
 
 def write_synthetic_catalog(path, n, chunk=10**7):
     """A catalog file of ``n`` entries ``dNNNN/NNNNNNNNN.jpg``, written in chunks (never all in memory)."""
-    from stager.catalog_file import header
+    from stager.catalog import header
 
     width = 19  # "d0123/012345678.jpg"
     head, sections, length = header("/lustre/synthetic", n, n * width, True, False, n * 110_000)
@@ -131,7 +131,7 @@ def write_synthetic_catalog(path, n, chunk=10**7):
 MAP_PROBE = """
 import sys, time
 from stager import plan
-from stager.catalog_file import MappedCatalog
+from stager.catalog import MappedCatalog
 from stager.config import PlanConfig
 
 def status():

@@ -19,7 +19,7 @@ import time
 
 from s3_stage import add_settings, fill_bucket, stager_config
 
-from stager.pipeline import Pipeline
+from stager.engine import Pipeline
 from stager.slows3 import ObjectStore, SlowProxy
 
 

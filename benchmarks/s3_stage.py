@@ -27,7 +27,7 @@ import time
 import boto3
 
 from stager.config import config_from_dict
-from stager.pipeline import Pipeline
+from stager.engine import Pipeline
 from stager.slows3 import ObjectStore, SlowProxy
 from stager.slows3.server import CREDENTIALS
 

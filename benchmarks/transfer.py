@@ -29,7 +29,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from stager import wire  # noqa: E402
+from stager.engine import wire  # noqa: E402
 
 BATCH = 32
 

@@ -1,7 +1,6 @@
 """What the front ends share: turning their arguments into stager's parts."""
 
-from stager.catalog import Catalog, broadcast_catalog
-from stager.catalog_file import agreed_catalog
+from stager.catalog import Catalog, agreed_catalog, broadcast_catalog
 from stager.config import Config, config_from_dict
 from stager.world import detect
 
@@ -14,7 +13,7 @@ def resolve(config, world=None, catalog=None, overrides=None, build=None):
             ``Catalog`` (its files, with the default settings).
         world: A ``World``; default: detected from the config.
         catalog: A ``Catalog``; default: built on rank 0 and broadcast, or
-            mapped from ``dataset.catalog`` (``catalog_file.agreed_catalog``).
+            mapped from ``dataset.catalog`` (``stager.catalog.agreed_catalog``).
         overrides: Nested dictionaries applied on top of ``config``.
         build: Callable returning the ``Catalog``, run on rank 0 when
             ``catalog`` is None; default: ``Catalog.load(config.dataset)``.

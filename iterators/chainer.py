@@ -286,7 +286,7 @@ class StagingIterator(_chainer.dataset.Iterator):
 
     @property
     def stats(self):
-        """The latest pipeline's ``stager.stats.Stats`` (stall time, files staged), or None."""
+        """The latest pipeline's ``stager.telemetry.Stats`` (stall time, files staged), or None."""
         return self._last_pipe.stats if self._last_pipe is not None else None
 
     def report(self, path=None):
@@ -307,7 +307,7 @@ class StagingIterator(_chainer.dataset.Iterator):
         """
         if self._last_pipe is None:
             raise RuntimeError("StagingIterator.report(): no pipeline ran yet; take minibatches first")
-        from stager.report.collect import pipeline_report
+        from stager.telemetry import pipeline_report
 
         return pipeline_report(self._last_pipe, self.config, path)
 

@@ -13,7 +13,7 @@ import weakref
 from torch.utils.data import IterableDataset, default_collate, get_worker_info
 
 from stager import plan as planlib
-from stager.pipeline import Pipeline
+from stager.engine import Pipeline
 
 from ._source import resolve
 
@@ -32,7 +32,7 @@ class StagedLoader(IterableDataset):
             ``torch.utils.data.default_collate`` (labelled samples become
             ``(data, labels)`` tensors, copies that the caller owns outright).
             The samples it gets are views of a reader's shared memory, each
-            slot reused only once every array from it is gone (``stager.wire``),
+            slot reused only once every array from it is gone (``stager.engine.wire``),
             so a collate that keeps them (``torch.from_numpy``) is safe too and
             holds that memory as long as its batch lives.
         world: A ``stager.world.World``; default: detected (MPI when launched
@@ -112,7 +112,7 @@ class StagedLoader(IterableDataset):
 
     @property
     def stats(self):
-        """The running pipeline's ``stager.stats.Stats`` (stall time, files staged), or None."""
+        """The running pipeline's ``stager.telemetry.Stats`` (stall time, files staged), or None."""
         return self._pipe.stats if self._pipe is not None else None
 
     def report(self, path=None):
@@ -135,7 +135,7 @@ class StagedLoader(IterableDataset):
         if self._pipe is None:
             raise RuntimeError("StagedLoader.report(): no pipeline is running; iterate the loader first and "
                                "call report() before close()")
-        from stager.report.collect import pipeline_report
+        from stager.telemetry import pipeline_report
 
         return pipeline_report(self._pipe, self.config, path)
 

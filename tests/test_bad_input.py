@@ -8,13 +8,13 @@ import textwrap
 
 import numpy as np
 import pytest
-
 from conftest import make_config, stager_cmd, stager_workers
+
 from stager.catalog import Catalog
+from stager.engine import Pipeline
 from stager.errors import CatalogError, ConfigError, StageError
+from stager.formats import EmptySample, load_npy, make_loader
 from stager.job.synth import make_dataset
-from stager.loaders import EmptySample, load_npy, make_loader
-from stager.pipeline import Pipeline
 from stager.sources import PosixSource
 
 

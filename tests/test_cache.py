@@ -6,13 +6,13 @@ import os
 
 import numpy as np
 import pytest
-
 from conftest import load_catalog, make_config, size_limited_tmpfs
+
 from stager import plan
 from stager.cache import (ABSENT, IN_FLIGHT, POLICIES, STAGED, Cache, check_window, make_policy, parse_capacity,
                           resolve_capacity)
+from stager.engine import Pipeline
 from stager.errors import ConfigError, StageError
-from stager.pipeline import Pipeline
 
 
 def test_a_request_pins_each_file_and_fetches_only_absent_ones():

@@ -5,16 +5,14 @@ import os
 
 import numpy as np
 import pytest
-
 from conftest import make_config
-from stager import plan
-from stager.catalog import Catalog
-from stager.catalog_build import build_catalog
-from stager.catalog_file import MappedCatalog, agreed_catalog, write_catalog
-from stager.config import config_from_dict
-from stager.errors import CatalogError, ConfigError
-from stager.pipeline import Pipeline
 from test_mpi_run import MPIEXEC, SAMPLES, mpirun, read_records, write_job
+
+from stager import plan
+from stager.catalog import Catalog, MappedCatalog, agreed_catalog, build_catalog, write_catalog
+from stager.config import config_from_dict
+from stager.engine import Pipeline
+from stager.errors import CatalogError, ConfigError
 
 
 @pytest.mark.parametrize("labelled,timed", [(True, True), (False, False), (True, False)])

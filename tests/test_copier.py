@@ -4,11 +4,11 @@ import errno
 import os
 
 import pytest
-
 from conftest import load_catalog, make_config, size_limited_tmpfs
-from stager.sources import PosixSource
+
+from stager.engine import Pipeline
 from stager.errors import StageError
-from stager.pipeline import Pipeline
+from stager.sources import PosixSource
 
 
 def stage_file(src_root, dst_root, rel, size):
@@ -54,9 +54,9 @@ def test_full_local_disk_names_the_file_and_leaves_no_partial_copy(tmp_path, tin
 
 
 def test_a_staging_directory_in_use_is_refused(tmp_path):
-    from stager.errors import ConfigError
-    from stager.jobdir import JobDir
     from stager.config import StagingConfig
+    from stager.errors import ConfigError
+    from stager.storage import JobDir
     from stager.world import World
 
     staging = StagingConfig(local_dir=str(tmp_path / "nvme"), job_id="42.0")

@@ -4,12 +4,12 @@ import json
 import os
 
 import pytest
-
 from conftest import load_catalog, make_config, stager_workers
 from exit_check import run_to_exit
 from helpers.watch import wait_removed
+
 from stager import plan
-from stager.pipeline import Pipeline
+from stager.engine import Pipeline
 
 
 def steps(cfg, catalog):
@@ -84,7 +84,7 @@ def test_a_script_that_exits_after_its_last_minibatch_waits_for_the_close(datase
         "import json\n"
         "from stager import plan\n"
         "from stager.config import config_from_dict\n"
-        "from stager.pipeline import Pipeline\n"
+        "from stager import Pipeline\n"
         "cfg = config_from_dict(json.loads(sys.argv[1]))\n"
         "pipe = Pipeline(cfg).start()\n"
         "batches = [next(pipe) for _ in plan.iterate(len(pipe.catalog), cfg.plan)]\n"

@@ -3,8 +3,8 @@
 import multiprocessing
 import threading
 
-from stager.inflight import InFlight
-from stager.messages import Failure, Staged, StageTask
+from stager.engine.inflight import InFlight
+from stager.engine.messages import Failure, StageTask, Staged
 
 WAIT_S = 10.0  # a bound on a broken run, never reached by a passing one
 

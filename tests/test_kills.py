@@ -13,11 +13,11 @@ import subprocess
 import time
 
 import pytest
-
 from conftest import REPO, make_config, stager_cmd, stager_workers
-from stager.errors import StageError
-from stager.pipeline import Pipeline
 from stall_tools import exited_within, in_fuse_request, wait_until
+
+from stager.engine import Pipeline
+from stager.errors import StageError
 
 
 def test_a_prefetcher_killed_mid_copy_ends_the_job_at_once_with_its_name(dataset, tmp_path):

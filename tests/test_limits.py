@@ -5,11 +5,11 @@ import resource
 import subprocess
 
 import pytest
-
 from conftest import make_config, stager_cmd, stager_workers
+
+from stager.engine import Pipeline
+from stager.engine.limits import worker_limit_error
 from stager.errors import ConfigError
-from stager.limits import worker_limit_error
-from stager.pipeline import Pipeline
 
 INF = resource.RLIM_INFINITY
 

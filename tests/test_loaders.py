@@ -8,9 +8,9 @@ import threading
 import numpy as np
 import pytest
 
-from stager import wire
+from stager.engine import wire
+from stager.formats import load_image, load_npy
 from stager.job.synth import make_dataset
-from stager.loaders import load_image, load_npy
 
 ARRAYS = {
     "float32": np.random.default_rng(0).random((3, 4)).astype("<f4"),
@@ -190,7 +190,7 @@ def test_image_loader_equals_pil_in_both_layouts(tmp_path, fmt, mode):
 
 
 def test_image_loader_uses_libjpeg_turbo_where_installed_and_pil_otherwise(tmp_path, monkeypatch):
-    from stager import images
+    from stager.formats import images
 
     path = _image_file(tmp_path, "x.jpg", "JPEG")
     assert images.simplejpeg is not None, "simplejpeg is a dependency (setup.cfg)"

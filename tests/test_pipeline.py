@@ -10,11 +10,11 @@ import textwrap
 import h5py
 import numpy as np
 import pytest
-
 from conftest import REPO, child_pids, load_catalog, make_config, stager_workers
+
 from stager import plan
+from stager.engine import Pipeline
 from stager.errors import StageError
-from stager.pipeline import Pipeline
 from stager.job.synth import make_dataset
 
 
@@ -188,7 +188,7 @@ def test_workers_exit_when_their_parent_is_killed(slow_source, tmp_path):
         import os, signal, sys
         sys.path.insert(0, {os.path.join(REPO, 'tests')!r})
         from conftest import make_config, stager_workers
-        from stager.pipeline import Pipeline
+        from stager import Pipeline
         cfg = make_config({slow_source!r}, {str(tmp_path / 'local')!r}, plan={{"epochs": 0}})
         pipe = Pipeline(cfg)
         next(iter(pipe))

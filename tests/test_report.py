@@ -9,11 +9,11 @@ import sys
 import time
 
 import pytest
-
 from conftest import REPO, make_config, stager_cmd
 from helpers.terminal import Terminal
-from stager.report import ReportError, load_report
-from stager.report.advice import judge
+
+from stager.telemetry import ReportError, load_report
+from stager.telemetry.advice import judge
 
 MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
 PNG = b"\x89PNG\r\n\x1a\n"

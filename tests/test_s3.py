@@ -8,13 +8,13 @@ import time
 
 import boto3
 import pytest
-
 from conftest import load_catalog, make_config, stager_cmd
+
 from stager import plan
 from stager.catalog import Catalog
 from stager.config import load_config
+from stager.engine import Pipeline
 from stager.errors import CatalogError, StageError
-from stager.pipeline import Pipeline
 from stager.slows3 import Fault, ObjectStore, SlowProxy
 from stager.slows3.server import CREDENTIALS
 from stager.sources import S3Source, open_source

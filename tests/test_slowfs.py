@@ -13,7 +13,7 @@ import pytest
 
 from stager.slowfs import SlowFS, mount_entry
 from stager.slowfs import EngineUnavailable, build_c_engine, engine_command
-from stall_tools import exited_within, in_fuse_request, state, wait_until
+from stall_tools import exited_within, in_fuse_request, wait_until
 
 ENGINES = ["c", "python"]
 
@@ -193,9 +193,11 @@ def test_a_reader_killed_during_a_long_open_is_gone_at_once(engine, tree):
 
 
 def test_umount_force_clears_a_hung_mount_with_a_blocked_reader(engine, tree, tmp_path):
-    # A hung server (interrupts ignored) keeps a killed reader in the kernel
-    # (state D): a plain umount is refused, --force ends the daemon and the
-    # reader with it.
+    # A hung server (interrupts ignored) holds a reader in its open: a plain
+    # umount is refused while it waits, and --force ends the daemon and frees
+    # the reader, killed or not. Whether the killed reader sits in the kernel
+    # (state D) meanwhile depends on whether the daemon had taken its request
+    # yet, which no test can control: only the outcome is checked.
     root, _ = tree
     mnt = tmp_path / "mnt"
     mnt.mkdir()
@@ -207,11 +209,10 @@ def test_umount_force_clears_a_hung_mount_with_a_blocked_reader(engine, tree, tm
     reader = subprocess.Popen(["cat", str(mnt / "a.bin")], stdout=subprocess.DEVNULL)
     try:
         wait_until(lambda: in_fuse_request(reader.pid), 30, "the reader to block in its open")
-        reader.kill()
-        wait_until(lambda: state(reader.pid) == "D", 10, "the killed reader to sit in the kernel")
         busy = subprocess.run(cli + ["umount", str(mnt)], capture_output=True, text=True, timeout=60)
         assert busy.returncode == 1 and "--force" in busy.stderr, busy.stderr
-        assert state(reader.pid) == "D"
+        assert mount_entry(str(mnt)) is not None
+        reader.kill()
         forced = subprocess.run(cli + ["umount", "--force", str(mnt)], capture_output=True, text=True, timeout=60)
         assert forced.returncode == 0, forced.stderr
         reader.wait(timeout=10)

@@ -10,12 +10,12 @@ import subprocess
 import time
 
 import pytest
-
 from conftest import make_config, stager_cmd, stager_workers
-from stager.errors import StageError
-from stager.pipeline import Pipeline
-from stager.slowfs import SlowFS, mount, mount_entry, umount
 from stall_tools import exited_within, in_fuse_request, state, wait_until
+
+from stager.engine import Pipeline
+from stager.errors import StageError
+from stager.slowfs import SlowFS, mount, mount_entry, umount
 
 HUNG_MS = 600_000  # an open that takes ten minutes is, for a test, one that never returns
 

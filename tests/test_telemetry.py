@@ -3,8 +3,9 @@
 from collections import defaultdict
 
 from conftest import make_config
+
 from stager import telemetry as tm
-from stager.pipeline import Pipeline
+from stager.engine import Pipeline
 
 
 def test_every_minibatch_is_needed_ready_read_delivered_and_consumed_in_that_order(slow_source, tmp_path):

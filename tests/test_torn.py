@@ -15,11 +15,11 @@ import time
 
 import numpy as np
 import pytest
-
 from conftest import REPO, make_config, stager_workers
+
 from stager.catalog import Catalog
+from stager.engine import Pipeline
 from stager.errors import ConfigError, StageError
-from stager.pipeline import Pipeline
 from stager.slowfs import SlowFS
 from stager.sources import PosixSource, SourceChanged
 from stager.sources.verify import check_mode

@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-
 from conftest import load_catalog, make_config, stager_workers
+
 from iterators.pytorch import StagedLoader
 from stager import plan
+from stager.engine import Pipeline
 from stager.job.synth import make_dataset
-from stager.pipeline import Pipeline
 from stager.slowfs import SlowFS
 
 

@@ -10,15 +10,15 @@ from typing import Optional
 
 import numpy as np
 
-from .. import plan as planlib
-from ..catalog_file import agreed_catalog
-from ..errors import ConfigError, StagerError
-from ..job.source import prepare_source
-from ..jobdir import JobDir
-from ..world import detect
 from . import phases
 from .attribution import attribute
 from .steps import SimulatedStep, load_step, make_collate
+from .. import plan as planlib
+from ..catalog import agreed_catalog
+from ..errors import ConfigError, StagerError
+from ..job.source import prepare_source
+from ..storage import JobDir
+from ..world import detect
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,8 @@ import itertools
 import time
 from dataclasses import dataclass, field
 
-from ..pipeline import Pipeline
 from .synthetic import synthetic_like
+from ..engine import Pipeline
 
 
 @dataclass

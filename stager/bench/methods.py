@@ -18,11 +18,11 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from ..config import config_from_dict
-from ..images import load_image
-from ..sources import PosixSource
-from ..pipeline import Pipeline
 from .. import plan as planlib
+from ..config import config_from_dict
+from ..engine import Pipeline
+from ..formats import load_image
+from ..sources import PosixSource
 
 
 @dataclass
@@ -167,8 +167,8 @@ def direct_torch(w, readers):
 
 def direct_chainer(w, readers):
     """Chainer MultiprocessIterator with ``readers`` processes reading the source directly."""
-    import iterators.chainer  # noqa: F401  (prepares the distutils that Chainer 7 imports)
-    import chainer
+    import iterators.chainer  # noqa: F401  (prepares the distutils that Chainer 7 imports: first)
+    import chainer  # isort: skip
 
     calls = [0]
 

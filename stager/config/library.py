@@ -77,7 +77,7 @@ class DatasetConfig:
     request_timeout_s: float = 10.0
 
     def __post_init__(self):
-        from ..loaders import check_loader_name  # the registry lives with the loaders
+        from ..formats import check_loader_name  # the registry lives with the loaders
 
         check_loader_name(self.loader)
         require(self.broadcast_max >= 0, "dataset.broadcast_max must be 0 (always map a catalog file) or more")

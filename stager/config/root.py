@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 
 from .job import RunConfig, SlowfsConfig, SlurmConfig, SyntheticConfig
 from .library import DatasetConfig, PlanConfig, ProcessesConfig, ReaderConfig, StagingConfig, WorldConfig
+from .schema import build, merge
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,4 @@ class Config:
 
     def replace(self, **sections):
         """Returns a copy with some values changed, e.g. ``replace(plan={"epochs": 2})``."""
-        from .loading import build, merge  # the loader builds Configs: import it when used
-
         return build(Config, merge(self.to_dict(), sections), base_dir=None, where="")

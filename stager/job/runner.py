@@ -9,16 +9,16 @@ import contextlib
 import sys
 import time
 
-from .. import plan as planlib
-from ..catalog_file import agreed_catalog
-from ..pipeline import Pipeline
-from ..report.collect import job_summary, rank_summary, write_report
-from ..world import detect
 from .progress import RunProgress
 from .records import Recorder
-from .state import CONTINUE, END, SIGNAL, StateFile
 from .source import prepare_source
+from .state import CONTINUE, END, SIGNAL, StateFile
 from .stopping import StopRequest, Stopped
+from .. import plan as planlib
+from ..catalog import agreed_catalog
+from ..engine import Pipeline
+from ..telemetry import job_summary, rank_summary, write_report
+from ..world import detect
 
 
 def _loop(pipe, stop, compute_s, max_batches, recorder, bar, epochs, position, state):

@@ -1,16 +1,20 @@
-"""A small performance model of the three stages: what-if predictions and ``auto`` counts.
+"""The what-if tool over the engine's rate model: predictions for settings not run.
 
-Pure functions over measured rates (``equations.py``, where the equations
-are written out); the rates come from a short probe of the source and from a
-run's totals (``calibrate.py``); a bounded cache's misses from replaying the
-plan (``misses.py``); the counts ``auto`` picks and adjusts (``tune.py``);
-the ``stager whatif`` table (``whatif.py``).
+The equations, the probe and the tuner live in the engine
+(``stager.engine.perf``), which tunes ``auto`` counts with them; this tool
+adds what only a user's question needs: a run's totals as rates and the
+cores free now (``calibrate``), a bounded cache's misses from replaying the
+plan through the engine's own ``cache.Cache`` (``misses``), and the
+``stager whatif`` table (``whatif``). The names of the engine's model are
+re-exported here, where they have always been.
+
+May import: the engine and the rooms below it.
 """
 
-from .calibrate import from_summary, machine, probe
-from .equations import Prediction, Rates, Settings, predict, predict_run
+from .calibrate import from_summary
 from .misses import cache_misses, step_misses
-from .tune import Decision, Tuner, choose_counts, count_limits
+from ..engine.perf import (Decision, Prediction, Rates, Settings, Tuner, choose_counts, count_limits, machine, predict,
+                           predict_run, probe)
 
 __all__ = ["Decision", "Prediction", "Rates", "Settings", "Tuner", "cache_misses", "choose_counts", "count_limits",
            "from_summary", "machine", "predict", "predict_run", "probe", "step_misses"]

@@ -1,49 +1,17 @@
-"""Measuring the model's rates: a short probe of the source, and a run's totals.
+"""Measuring what a machine gives: the cores free now, and the stages' costs from a run's totals.
 
-``probe`` costs a few files, read at once in threads: it times each one's
-open (when the source is a file system) and bytes apart, then fetches it
-into a temporary directory and decodes the local copy with the run's
-loader, and counts the CPU all that took. ``from_summary`` reads what a run
-measured (a ``Stats.summary`` or ``stager run --report``'s JSON): prefetcher busy
-seconds per file, reader seconds per sample, compute per step. ``combine``
-keeps the source's latency and bandwidth from the probe and the stages'
-costs from the run, where each is measured best.
+``available_cores`` spins one process a core to see what the cores give
+now; ``from_summary`` reads what a run measured (a ``Stats.summary`` or
+``stager run --report``'s JSON): prefetcher busy seconds per file, reader
+seconds per sample, compute per step, on top of a probe's source latency
+and bandwidth (``stager.engine.perf.probe``), where each is measured best.
 """
 
-import os
-import resource
-import shutil
-import statistics
-import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
-from ..loaders import make_loader
-from .equations import Rates
-
-PROBE_FILES = 8
-# The rank process's own CPU per sample (coordinator, service, receiving the
-# decoded arrays), which a probe outside a run cannot see: 0.13-0.2 ms on the
-# 2-core development machine (docs/benchmarks.md); a run's report measures it.
-MAIN_S = 0.15e-3
-
-
-def machine():
-    """``(cores, memory)`` of this machine: usable cores and bytes of memory available."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:
-        cores = os.cpu_count() or 1
-    memory = 0
-    try:
-        with open("/proc/meminfo", encoding="ascii") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    memory = int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return cores, memory
+from .. import _moved
+from ..engine.perf import machine
 
 
 def _spin(seconds):
@@ -86,139 +54,6 @@ def cores_note(before, after):
     return note
 
 
-def _union(intervals):
-    """Seconds covered by at least one of ``intervals`` (``(start, end)`` pairs)."""
-    total, reach = 0.0, None
-    for start, end in sorted(intervals):
-        if reach is None or start > reach:
-            total += end - start
-            reach = end
-        elif end > reach:
-            total += end - reach
-            reach = end
-    return total
-
-
-def _time_posix(root, rel):
-    """``(open_s, read_s, bytes, read_began, read_ended)`` of one file read from a file system."""
-    path = os.path.join(root, rel)
-    begin = time.perf_counter()
-    fd = os.open(path, os.O_RDONLY)
-    opened = time.perf_counter()
-    nbytes = 0
-    try:
-        while True:
-            chunk = os.read(fd, 1 << 20)
-            if not chunk:
-                break
-            nbytes += len(chunk)
-    finally:
-        os.close(fd)
-    ended = time.perf_counter()
-    return opened - begin, ended - opened, nbytes, opened, ended
-
-
-def probe(source, catalog, loader="npy", loader_options=None, files=PROBE_FILES, batch_size=32, compute_s=0.0,
-          start=0):
-    """Measures the source and the decoding on a few files (seconds).
-
-    Args:
-        source: The run's ``Source``.
-        catalog: Its ``Catalog``.
-        loader: The run's loader (registry name, ``module:function`` or callable).
-        loader_options: The loader's options (``hdf5_key``, ``layout``).
-        files: How many files to probe; spread over the catalog.
-        batch_size: The run's samples per minibatch (kept in the result).
-        compute_s: The training step's time, when known.
-        start: First catalog index to probe from (a different one per call
-            avoids files the operating system has cached).
-
-    Returns:
-        A ``Rates``.
-    """
-    n = len(catalog)
-    stride = max(1, n // max(1, files))
-    picks = sorted({(start + i * stride) % n for i in range(min(files, n))})
-    root = source.local_root
-    load = make_loader(loader, loader_options or {})
-    scratch = tempfile.mkdtemp(prefix="stager-probe-")
-
-    def one(index):
-        # Each file in its own thread: the probe costs about one file's latency, not one per file.
-        rel, size = catalog.path(index), int(catalog.sizes[index])
-        timed = _time_posix(root, rel) if root is not None else None
-        begin = time.perf_counter()
-        source.fetch(rel, size, catalog.mtime(index), scratch)
-        fetched = time.perf_counter()
-        load(os.path.join(scratch, rel))
-        return timed, fetched - begin, time.perf_counter() - fetched, size
-
-    # The process's CPU, not wall times: what the files cost the cores whatever the waits
-    # (their system calls and running the threads included), which sets how many files a
-    # second the cores allow. An estimate: 1 to 3 ms a 64 KiB file from probe to probe on the
-    # 2-core development machine, and a pipeline also hands files between processes.
-    cpu_before = _cpu_seconds()
-    try:
-        with ThreadPoolExecutor(len(picks), "stager-probe") as pool:
-            results = list(pool.map(one, picks))
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    cpu_s = (_cpu_seconds() - cpu_before) / len(picks)
-    fetches = [r[1] for r in results]
-    decodes = [r[2] for r in results]
-    sizes = [r[3] for r in results]
-    timed = [r[0] for r in results if r[0] is not None]
-    fetch_s = statistics.median(fetches)
-    mean_bytes = statistics.fmean(sizes)
-    if timed:
-        # Waiting for a core only ever adds to a latency: the quickest open is the source's.
-        open_s = min(t[0] for t in timed)
-        # Reads sharing a capped link are active exactly while it is busy: their
-        # bytes over the time any of them was active is the shared bandwidth.
-        busy = _union([(t[3], t[4]) for t in timed])
-        bandwidth = sum(t[2] for t in timed) / busy if busy > 0 else 0.0
-        # The fetch opens and reads again, then writes and publishes: the rest is its own cost.
-        copy_s = max(0.0, min(fetches) - open_s - min(t[1] for t in timed))
-    else:  # an object store: the request is the latency, its bytes ride with it
-        open_s, bandwidth, copy_s = fetch_s, 0.0, 0.0
-    cores, memory = machine()
-    return Rates(open_s=open_s, bandwidth=bandwidth, copy_s=copy_s, read_s=statistics.median(decodes),
-                 compute_s=compute_s, file_bytes=mean_bytes, main_s=MAIN_S, batch_size=batch_size, cores=cores,
-                 memory=memory, cpu_s=cpu_s)
-
-
-def _cpu_seconds():
-    """User and system CPU seconds of this process so far, all its threads."""
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
-def cpu_ticks():
-    """``(busy, total)`` clock ticks of the cores this process may run on, so far; None where unknown.
-
-    From ``/proc/stat`` (Linux): every process's work on those cores counts,
-    a file system's daemon and the kernel's included, which is what sets how
-    much more work they can take.
-    """
-    try:
-        cores = os.sched_getaffinity(0)
-    except AttributeError:
-        return None
-    busy = total = 0
-    try:
-        with open("/proc/stat", encoding="ascii") as fh:
-            for line in fh:
-                name, _, rest = line.partition(" ")
-                if not name.startswith("cpu") or name == "cpu" or int(name[3:]) not in cores:
-                    continue
-                ticks = [int(v) for v in rest.split()[:8]]
-                total += sum(ticks)
-                busy += sum(ticks) - ticks[3] - ticks[4]  # all but idle and waiting for I/O
-    except (OSError, ValueError):
-        return None
-    return (busy, total) if total else None
-
-
 def from_summary(summary, base):
     """``base`` with the stages' costs a run measured.
 
@@ -248,3 +83,9 @@ def from_summary(summary, base):
     if batch:
         changes["batch_size"] = int(batch)
     return replace(base, **changes)
+
+
+def __getattr__(name):
+    # The probe moved to the engine in 0.2 (``stager.engine.perf.probe``), which tunes auto counts with it.
+    return _moved.moved_attribute(__name__, name, "stager.engine.perf.probe",
+                                  ("probe", "machine", "cpu_ticks", "PROBE_FILES", "MAIN_S"))

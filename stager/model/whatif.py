@@ -12,12 +12,12 @@ import itertools
 import json
 from dataclasses import dataclass, replace
 
+from .calibrate import available_cores, from_summary
+from .misses import step_misses
 from .. import plan as planlib
 from ..cache import parse_capacity
+from ..engine.perf import Rates, Settings, predict, predict_run, probe
 from ..errors import ConfigError
-from .calibrate import available_cores, from_summary, probe
-from .equations import Rates, Settings, predict, predict_run
-from .misses import step_misses
 
 
 @dataclass(frozen=True)

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from stager import telemetry as tm
-from stager.messages import PeerFetch, Staged
-from stager.peers.fetcher import PeerFetcher
-from stager.peers.protocol import CHUNK
-from stager.peers.server import PeerServer
+from stager.engine.messages import PeerFetch, Staged
+from stager.engine.peers.fetcher import PeerFetcher
+from stager.engine.peers.protocol import CHUNK
+from stager.engine.peers.server import PeerServer
 from stager.sources import open_source
 from stager.telemetry import Telemetry
 from stager.world import detect

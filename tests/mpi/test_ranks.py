@@ -14,8 +14,8 @@ import pytest
 from stager import plan
 from stager.catalog import Catalog, broadcast_catalog
 from stager.config import config_from_dict
+from stager.engine import Pipeline
 from stager.errors import CatalogError
-from stager.pipeline import Pipeline
 from stager.job.synth import make_dataset
 from stager.world import detect
 

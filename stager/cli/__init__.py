@@ -1,0 +1,12 @@
+"""The ``stager`` command: ``main`` parses and dispatches, each subcommand importing its tool when used.
+
+``main`` holds run, demo, make-dataset, slowfs, slurm, bench, catalog and
+clean; ``insight`` the subcommands that say where the time goes (report,
+analyze, whatif).
+
+May import anything: it is the top floor.
+"""
+
+from .main import main
+
+__all__ = ["main"]

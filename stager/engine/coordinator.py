@@ -1,0 +1,266 @@
+"""One rank's scheduling loop: walks the plan, asks the node for files, hands batches to readers.
+
+The coordinator lives in a thread of the rank process so that staging and
+reading go on while the training step runs. It waits on its readers' pipes,
+its ``Wake`` channel (the consumer's ``Consumed`` notices) and its
+connection to the node's staging service at once, and decides:
+
+- how far ahead to ask for minibatches (``lookahead`` past the consumer);
+- when a minibatch can be read (the service said ``Ready``) and by whom
+  (the shared task queue of its reader pool);
+- in which order decoded minibatches reach the consumer (plan order, by
+  sequence number), and when the service may unpin a minibatch's files
+  (``Release``, once a reader has read them).
+
+Any failure, from a worker, the service or a bug here, goes to the consumer
+as one ``StageError``.
+"""
+
+import multiprocessing.connection as mpc
+import queue
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+from .messages import Consumed, Decoded, Failure, Need, ReadTask, Ready, Release
+from .workerpool import RETIRED
+from .. import telemetry as tm
+from ..telemetry import BatchTimes
+
+END = object()  # on the out queue: the plan is done, or the pipeline closes
+
+
+@dataclass
+class Batch:
+    """A decoded minibatch, as delivered to the consumer.
+
+    Attributes:
+        epoch: Epoch number.
+        step: Index within the epoch.
+        indices: Catalog indices of the samples, in order.
+        samples: Decoded samples, ``(data, label)`` tuples for labelled data.
+        times: Where the time went for this minibatch.
+        end: Position in the epoch's global order after this minibatch
+            (see ``plan.Minibatch.end``).
+        last: Whether it is the last minibatch of its epoch.
+    """
+
+    epoch: int
+    step: int
+    indices: np.ndarray
+    samples: list
+    times: BatchTimes
+    end: int = 0
+    last: bool = False
+
+
+class Channels:
+    """What the coordinator thread shares with its pipeline, and nothing more.
+
+    The thread holds this object, never the pipeline, so an abandoned
+    pipeline can be collected (and closed by its finaliser).
+
+    Attributes:
+        out: Decoded ``(seq, Batch)`` in plan order, an exception, or ``END``.
+        halt: Set when the pipeline closes.
+        wake: The consumer's ``Wake`` channel to the coordinator.
+        readers: The rank's reader ``WorkerPool``.
+        client: Connection to the node's staging service, or None (direct reading).
+        client_lock: Serialises sends on ``client`` (coordinator and closer).
+        service: The node's ``StagingService`` on the node leader, else None.
+        read_resizer: With ``reader.workers: auto``, the readers'
+            ``autocounts.PoolResizer``, else None.
+        on_end: A ``weakref.WeakMethod`` the coordinator calls once it has
+            delivered the whole plan (the pipeline's close), or None.
+        shut: Set once the shutdown protocol has run to its end.
+    """
+
+    def __init__(self, wake):
+        self.out = queue.Queue()
+        self.halt = threading.Event()
+        self.wake = wake
+        self.readers = None
+        self.client = None
+        self.client_lock = threading.Lock()
+        self.service = None
+        self.read_resizer = None
+        self.on_end = None
+        self.shut = threading.Event()
+        self._claim_lock = threading.Lock()
+        self._claimed = False
+
+    def send(self, msg):
+        """Sends ``msg`` to the node's service."""
+        with self.client_lock:
+            self.client.send(msg)
+
+    def claim(self):
+        """True for the first caller only: the one that runs the shutdown protocol (and then sets ``shut``).
+
+        The pipeline's ``close()``, its close at the end of the plan and its
+        finaliser may each come first; the others wait for ``shut``.
+        """
+        with self._claim_lock:
+            first, self._claimed = not self._claimed, True
+        return first
+
+
+class Coordinator:
+    """The rank's scheduling state; ``run()`` is the thread's body.
+
+    Args:
+        channels: The ``Channels`` shared with the pipeline.
+        plan: Iterator of this rank's ``plan.Minibatch``.
+        catalog: The job's ``Catalog``.
+        telemetry: The pipeline's ``Telemetry``.
+        lookahead: Minibatches asked for past the consumer's position.
+        read_ahead: Minibatches handed to readers past the consumer's position.
+    """
+
+    def __init__(self, channels, plan, catalog, telemetry, lookahead, read_ahead):
+        self.ch = channels
+        self.plan = plan
+        self.catalog = catalog
+        self.telemetry = telemetry
+        self.staging = channels.client is not None
+        self.lookahead = max(lookahead, read_ahead) if self.staging else read_ahead
+        self.read_ahead = read_ahead
+        self.batches = {}       # seq -> Minibatch, from request until delivered
+        self.times = {}         # seq -> BatchTimes
+        self.staged = set()     # seqs whose files are all local
+        self.results = {}       # seq -> Batch decoded, waiting for its turn
+        self.exhausted = False
+        self.next_seq = 0       # next minibatch to take from the plan
+        self.read_ptr = 0       # next minibatch to hand to a reader
+        self.emit_ptr = 0       # next minibatch to deliver
+        self.consumed = 0       # minibatches the consumer has taken
+        self.first_read = False  # this rank's first minibatch is decoded: ask for the whole look-ahead
+
+    def run(self):
+        """Schedules until the plan is delivered, the pipeline halts or something fails."""
+        try:
+            self._loop()
+        except BaseException as exc:  # a bug here must reach the consumer, not hang it
+            self.ch.out.put(Failure.from_exception("pipeline", "coordinator", exc,
+                                                   message=f"coordinator failed: {type(exc).__name__}: {exc}")
+                            .to_error())
+
+    def _loop(self):
+        ch = self.ch
+        readers = ch.readers
+        others = [ch.wake.conn] + ([ch.client] if self.staging else [])
+        waitables = list(readers.conns) + others
+        while not ch.halt.is_set():
+            if ch.read_resizer is not None and ch.read_resizer.resize():
+                waitables = list(readers.conns) + others  # between minibatches: nothing is half read
+            self.schedule()
+            if self.exhausted and self.emit_ptr == self.next_seq:
+                ch.out.put(END)
+                finish = ch.on_end() if ch.on_end is not None else None
+                if finish is not None:
+                    finish()
+                return
+            ready = mpc.wait(waitables, timeout=1.0)
+            if not ready and ch.service is not None and not ch.service.alive():
+                self.handle(Failure("prefetch", "service", cause="ServiceGone",
+                                    message="the node's staging service stopped"))
+                return
+            for source in ready:
+                if source is ch.wake.conn:
+                    msg = ch.wake.recv()
+                elif source is ch.client:
+                    try:
+                        msg = ch.client.recv()
+                    except (EOFError, OSError):
+                        msg = Failure("prefetch", "service", cause="ServiceGone",
+                                      message="the node's staging service (on local rank 0) is gone")
+                else:
+                    msg = readers.receive(source)
+                    if msg is RETIRED:
+                        waitables.remove(source)
+                        continue
+                    if isinstance(msg, Decoded) and ch.read_resizer is not None:
+                        ch.read_resizer.finished(1, msg.seconds)
+                if self.handle(msg):
+                    return
+
+    def ask(self):
+        """Asks the node's service for minibatches up to the look-ahead (or takes them, reading directly).
+
+        Until this rank's first minibatch is decoded it asks for that one
+        alone: the consumer waits for it, and the look-ahead's requests would
+        compete with it, at the source (a store that serves requests at a
+        fixed rate finishes all of them together, later) and then for this
+        process's CPU while the node's service queues them.
+        """
+        ch, telemetry = self.ch, self.telemetry
+        while not self.exhausted and self.next_seq < self.consumed + self.lookahead:
+            if self.staging and self.next_seq and not self.first_read:
+                break
+            mb = next(self.plan, None)
+            if mb is None:
+                self.exhausted = True
+                break
+            seq = self.next_seq
+            self.next_seq += 1
+            self.batches[seq] = mb
+            self.times[seq] = BatchTimes()
+            if self.staging:
+                ch.send(Need(seq, mb.epoch, mb.step, mb.indices))
+                telemetry.record(tm.NEEDED, seq, len(mb.indices))
+            else:
+                self.staged.add(seq)
+
+    def schedule(self):
+        """Hands staged minibatches to readers, then asks for more up to the look-ahead.
+
+        Reading comes first: the consumer waits for the earliest minibatch,
+        not for the look-ahead. Reading directly, what ``ask`` took is ready
+        to read at once.
+        """
+        self.read()
+        self.ask()
+        if not self.staging:
+            self.read()
+
+    def read(self):
+        """Hands staged minibatches to the readers, in plan order, up to the read-ahead."""
+        ch, catalog = self.ch, self.catalog
+        while (self.read_ptr < self.next_seq and self.read_ptr < self.consumed + self.read_ahead
+               and self.read_ptr in self.staged):
+            mb = self.batches[self.read_ptr]
+            self.staged.discard(self.read_ptr)
+            files = [(catalog.path(i), catalog.label(i)) for i in mb.indices]
+            ch.readers.tasks.put(ReadTask(self.read_ptr, mb.epoch, mb.step, files))
+            if ch.read_resizer is not None:
+                ch.read_resizer.asked(1)
+            self.read_ptr += 1
+
+    def handle(self, msg):
+        """Acts on one message; True when the coordinator must stop."""
+        telemetry = self.telemetry
+        if isinstance(msg, Ready):
+            self.staged.add(msg.seq)
+            self.times[msg.seq].prefetch = msg.seconds
+            telemetry.record(tm.READY, msg.seq, 0, msg.seconds)
+        elif isinstance(msg, Decoded):
+            self.first_read = True
+            mb = self.batches.pop(msg.seq)
+            times = self.times.pop(msg.seq)
+            times.read = msg.seconds
+            telemetry.record(tm.READ, msg.seq, len(msg.samples), msg.seconds)
+            if self.staging:
+                self.ch.send(Release(msg.seq))
+            self.results[msg.seq] = Batch(mb.epoch, mb.step, mb.indices, msg.samples, times, mb.end, mb.last)
+            while self.emit_ptr in self.results:
+                batch = self.results.pop(self.emit_ptr)
+                telemetry.record(tm.DELIVERED, self.emit_ptr, len(batch.samples))  # before the consumer can see it
+                self.ch.out.put((self.emit_ptr, batch))
+                self.emit_ptr += 1
+        elif isinstance(msg, Consumed):
+            self.consumed = max(self.consumed, msg.seq + 1)
+        elif isinstance(msg, Failure):
+            self.ch.out.put(msg.to_error())
+            return True
+        return False

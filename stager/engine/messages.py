@@ -1,0 +1,189 @@
+"""Every message that crosses a pipe, socket or queue between stager's parts.
+
+Who sends what (the arrows of ``docs/architecture.md``):
+
+- rank coordinator -> node service: ``Hello`` once, then ``Need`` per
+  minibatch, ``Release`` once it has been read, ``Bye`` at the end, ``Fail``
+  when the rank fails;
+- node service -> rank coordinator: ``Ready`` when a minibatch's files are
+  all local, or the ``Failure`` that stopped staging;
+- node service -> prefetchers: ``StageTask``; prefetchers -> service:
+  ``Staged`` or ``Failure``;
+- node service -> peer fetch threads (``staging.peers``): ``PeerFetch``;
+  they reply ``Staged`` (saying which way the file came) or ``Failure``;
+- coordinator -> readers: ``ReadTask``; readers -> coordinator: ``Decoded``
+  or ``Failure``;
+- consumer thread -> coordinator: ``Consumed`` (and a bare wake-up).
+
+Messages are small frozen dataclasses with slots: cheap to pickle, named
+fields instead of positions. A ``Failure`` knows where it happened and turns
+into the caller's ``StageError`` in one place.
+"""
+
+import traceback
+from dataclasses import dataclass
+from typing import Any, List, Optional, Tuple
+
+from ..errors import StageError
+
+
+@dataclass(frozen=True, slots=True)
+class Hello:
+    """A rank introduces itself to its node's service.
+
+    Attributes:
+        rank: Global rank.
+        plan: What the rank will read, as a description the service can
+            evaluate (``plan.PlanSpec``), or None when only the rank knows
+            (a custom order sampler).
+    """
+
+    rank: int
+    plan: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class Need:
+    """A rank needs a minibatch's files local: ``seq`` is the rank's own sequence number."""
+
+    seq: int
+    epoch: int
+    step: int
+    indices: Any  # int64 array of catalog indices
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """A rank has read minibatch ``seq``: its files need not stay pinned for it."""
+
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class Bye:
+    """A rank leaves its node's service."""
+
+
+@dataclass(frozen=True, slots=True)
+class Fail:
+    """A rank failed; the service tells the node's other ranks ``reason``."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Ready:
+    """All files of the rank's minibatch ``seq`` are local; ``seconds`` of prefetcher time went into them."""
+
+    seq: int
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class StageTask:
+    """Files for one prefetcher to fetch: ``files`` holds ``(index, relpath, size, mtime_ns)``."""
+
+    task: int
+    epoch: int
+    step: int
+    files: List[Tuple[int, str, int, Optional[int]]]
+
+
+@dataclass(frozen=True, slots=True)
+class PeerFetch:
+    """Files for a peer fetch thread to ask leader ``owner`` for: ``files`` holds ``(index, relpath, size, mtime_ns)``."""
+
+    task: int
+    epoch: int
+    step: int
+    owner: int
+    files: List[Tuple[int, str, int, Optional[int]]]
+
+
+@dataclass(frozen=True, slots=True)
+class Staged:
+    """A prefetcher (or peer fetch thread) finished ``task``: ``done`` holds ``(index, bytes_fetched)``.
+
+    ``bytes_fetched`` is ``PRESENT`` for a file already there (0 is an empty
+    file, copied like any other), ``NO_SPACE`` for one the
+    local file system had no room for (the service makes room and retries).
+    ``route`` says where the bytes came from: ``source`` (the shared file
+    system) or ``peer`` (another node leader's copy).
+    """
+
+    task: int
+    worker: Any
+    done: List[Tuple[int, int]]
+    seconds: float
+    epoch: int
+    route: str = "source"
+
+
+@dataclass(frozen=True, slots=True)
+class ReadTask:
+    """A minibatch for one reader to decode: ``files`` holds ``(relpath, label_or_None)``."""
+
+    seq: int
+    epoch: int
+    step: int
+    files: List[Tuple[str, Optional[int]]]
+
+
+@dataclass(frozen=True, slots=True)
+class Decoded:
+    """A reader's decoded minibatch ``seq``."""
+
+    seq: int
+    worker: int
+    samples: list
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class Consumed:
+    """The consumer took minibatch ``seq``."""
+
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """Something failed; where, and why.
+
+    Attributes:
+        stage: ``prefetch``, ``read`` or ``pipeline``.
+        worker: Which worker (process name, ``service``, ``node leader``).
+        epoch: Epoch of the minibatch concerned, or None.
+        step: Step of the minibatch concerned, or None.
+        path: Relative path of the file concerned, or None.
+        cause: Name of the original exception type.
+        message: What happened, for a person.
+        traceback: The formatted traceback where it happened, or None.
+    """
+
+    stage: str
+    worker: str
+    epoch: Optional[int] = None
+    step: Optional[int] = None
+    path: Optional[str] = None
+    cause: str = ""
+    message: str = ""
+    traceback: Optional[str] = None
+
+    @classmethod
+    def from_exception(cls, stage, worker, exc, epoch=None, step=None, path=None, message=None):
+        """The failure for ``exc``, raised in the current ``except`` block."""
+        return cls(stage, str(worker), epoch, step, path, type(exc).__name__,
+                   message or f"{type(exc).__name__}: {exc}", traceback.format_exc())
+
+    def to_error(self):
+        """The ``StageError`` that the caller receives."""
+        return StageError(f"{self.stage} worker {self.worker} failed: {self.message}", stage=self.stage,
+                          epoch=self.epoch, step=self.step, path=self.path, cause=self.cause,
+                          remote_traceback=self.traceback)
+
+
+def worker_died(stage, proc):
+    """The failure for a worker process that ended without reporting one."""
+    return Failure(stage, proc.name, cause="WorkerDied",
+                   message=f"{proc.name} (pid {proc.pid}) died (exit code {proc.exitcode})")

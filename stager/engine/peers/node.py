@@ -1,0 +1,114 @@
+"""A node leader's part in sharing caches: ownership, the server, the fetchers, the model."""
+
+import logging
+import time
+
+import numpy as np
+
+from .fetcher import PeerFetcher
+from .model import RateModel
+from .ownership import NO_OWNER
+from .protocol import wait
+from .server import PeerServer
+from ..messages import PeerFetch
+
+log = logging.getLogger(__name__)
+
+TIMEOUT_S = 120.0  # a holder that answers nothing for this long is a failure, not a slow peer
+
+
+class Peers:
+    """What the node's service uses to fetch from other nodes' caches (``staging.peers: partition``).
+
+    Args:
+        comm: The leaders' communicator (mpi4py); this leader is ``comm.Get_rank()``.
+        owners: Per file, the leader that owns it (``ownership.first_epoch_owners``).
+        source: The ``Source``, for falling back.
+        root: The job's node-local directory.
+        threads: Fetch threads (the number of prefetchers).
+        telemetry: The leader pipeline's ``Telemetry``.
+
+    Attributes:
+        model: The measured rates of both ways (``RateModel``).
+    """
+
+    def __init__(self, comm, owners, source, root, threads, telemetry):
+        self.comm, self.me, self.owners = comm, comm.Get_rank(), owners
+        self.model = RateModel()
+        self.cache = None
+        self.server = PeerServer(comm, root, telemetry, TIMEOUT_S, self._to_come)
+        self.fetcher = PeerFetcher(comm, source, root, threads, TIMEOUT_S)
+        self.fetcher_sizes = []
+
+    @property
+    def conn(self):
+        """Where the fetchers' ``Staged`` and ``Failure`` replies arrive."""
+        return self.fetcher.conn
+
+    def start(self):
+        self.server.start()
+        self.fetcher.start()
+
+    def keep_in(self, cache):
+        """Makes the node's ``Cache`` keep the files this node owns (the others count on it)."""
+        self.cache = cache
+        cache.kept = self.owners == self.me
+
+    def _to_come(self, index):
+        # Read from the server thread: admitted_at only ever goes from 0 to a tick.
+        return self.cache is not None and self.owners[index] == self.me and self.cache.admitted_at[index] == 0
+
+    def route(self, indices, sizes):
+        """Splits files to fetch into ``(from their holders, from the shared file system)``.
+
+        A file goes to its holder when another node owns it and the model
+        expects that to be faster than opening it on the shared file system.
+        """
+        owners = self.owners[indices]
+        elsewhere = (owners != NO_OWNER) & (owners != self.me)
+        ask = np.zeros(len(indices), dtype=bool)
+        if elsewhere.any():
+            ask[elsewhere] = self.model.peer_faster(sizes[elsewhere])
+        return indices[ask], indices[~ask]
+
+    def measure(self, msg):
+        """Feeds the model with how long a fetch (a ``Staged``) took, by the way it went."""
+        copied = [nbytes for _, nbytes in msg.done if nbytes > 0]
+        if msg.route == "peer":
+            if len(copied) == len(msg.done):
+                self.model.from_peer(len(copied), sum(copied), msg.seconds)
+                self.fetcher_sizes.extend(copied)
+        elif copied and len(copied) == len(msg.done):  # a file already there would make the open look free
+            self.model.from_source(len(copied), sum(copied), msg.seconds)
+
+    def by_owner(self, indices):
+        """``(owner, indices)`` for each holder of ``indices``."""
+        owners = self.owners[indices]
+        return [(int(o), indices[owners == o]) for o in np.unique(owners)]
+
+    def submit(self, task, epoch, step, owner, files):
+        """Queues ``files`` (``(index, relpath, size, mtime_ns)``) to be asked from leader ``owner``."""
+        self.fetcher.tasks.put(PeerFetch(task, epoch, step, owner, files))
+
+    def close(self, wait_s, timeout_s):
+        """Stops fetching; serves the other leaders until all have stopped fetching too, or ``wait_s`` passed.
+
+        Args:
+            wait_s: How long to keep serving; 0 on an error path, where the
+                other leaders may never get here.
+            timeout_s: How long threads get to end.
+        """
+        self.fetcher.stop(timeout_s)
+        typical = np.array([float(np.median(self.fetcher_sizes))]) if len(self.fetcher_sizes) else None
+        if typical is not None and self.model.peer.count and self.model.source.count:
+            log.info("stager: node leader %d: a %d-byte file takes %.2f ms from a peer, %.2f ms from the source "
+                     "(%d and %d measurements)", self.me, typical[0], 1e3 * self.model.peer.predict(typical)[0],
+                     1e3 * self.model.source.predict(typical)[0], self.model.peer.count, self.model.source.count)
+        if wait_s:
+            # Every leader enters once its own fetches are done; until all
+            # have, this one's server still answers them.
+            try:
+                wait(self.comm.Ibarrier(), time.monotonic() + wait_s, "the other node leaders to finish fetching")
+            except OSError:
+                pass
+        self.server.stop(timeout_s)

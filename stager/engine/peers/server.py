@@ -1,0 +1,60 @@
+"""A node leader's peer server: answers other leaders' requests for files it holds."""
+
+import logging
+import threading
+import time
+
+from .protocol import ASK, PeerTimeout, serve
+from ... import telemetry as tm
+
+log = logging.getLogger(__name__)
+
+
+class PeerServer:
+    """A thread of the node leader that sends local copies to the leaders that ask.
+
+    It reads the job directory, not the cache: a published file is whole, so
+    whatever it finds it can send, and a file the cache removes meanwhile
+    stays readable through the descriptor it holds (``protocol.serve``).
+
+    Args:
+        comm: The leaders' communicator (mpi4py).
+        root: The job's node-local directory.
+        telemetry: Where each answer is recorded (``SERVED``).
+        timeout_s: How long a requester may take to receive an answer.
+        to_come: Callable ``(index) -> bool``: whether a file not here yet
+            will be (this node owns it and has not staged it so far).
+    """
+
+    def __init__(self, comm, root, telemetry, timeout_s, to_come):
+        self.comm, self.root, self.telemetry, self.timeout_s = comm, root, telemetry, timeout_s
+        self.to_come = to_come
+        self._halt = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="stager-peer-server", daemon=True)
+
+    def start(self):
+        self._thread.start()
+
+    def _run(self):
+        from mpi4py import MPI  # deferred: only rank processes import MPI
+
+        status = MPI.Status()
+        pause = 20e-6
+        while not self._halt.is_set():
+            if not self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=ASK, status=status):
+                # Polled, not blocking: a blocking receive in MPICH spins a core.
+                time.sleep(pause)
+                pause = min(pause * 2, 1e-3)
+                continue
+            pause = 20e-6
+            peer = status.Get_source()
+            ask = self.comm.recv(source=peer, tag=ASK)
+            try:
+                for index, sent in serve(self.comm, peer, ask, self.root, self.timeout_s, self.to_come):
+                    self.telemetry.record(tm.SERVED, index, sent, ask.epoch)
+            except (OSError, PeerTimeout) as exc:
+                log.warning("stager: could not answer node leader %s: %s", peer, exc)
+
+    def stop(self, timeout_s):
+        self._halt.set()
+        self._thread.join(timeout=timeout_s)

@@ -1,0 +1,352 @@
+"""The node service's scheduling state: requests, prefetcher tasks, the cache.
+
+Lives in the service thread (``service.py``), which alone touches it. A
+request (``Need``) pins its files in the ``Cache`` and waits on each file
+not yet staged; its absent files are fetched once the cache has room for
+them (requests that need room are admitted in arrival order). It is answered
+(``Ready``) when its last file is staged, so a reply costs the files it
+carries, not a scan of every waiting request. A ``Release`` unpins a
+request's files and lets the policy remove what it will not keep, which may
+make room for the next request waiting.
+"""
+
+import collections
+import errno
+import multiprocessing.connection as mpc
+import os
+import time
+
+import numpy as np
+
+from .deadlines import DeadlineQueue
+from .messages import Bye, Fail, Failure, Hello, Need, Ready, Release, StageTask, Staged
+from .stalls import stall_failure
+from .workerpool import RETIRED
+from .. import telemetry as tm
+from ..cache import ABSENT, CacheFull, human
+from ..telemetry import NO_SPACE, PRESENT
+
+_NO_SPACE_TRIES = 3  # fetches of one file that may meet a full disk before the job fails
+
+
+def split_tasks(missing, prefetchers, files_per_task):
+    """Splits a minibatch's missing files into prefetcher tasks.
+
+    Whole minibatches per task would make the first one wait for a single
+    prefetcher to open every file in turn, and leave most prefetchers idle
+    at the end of an epoch; one file per task would cost a queue round trip
+    per file. Automatic (``files_per_task`` 0): as many tasks as prefetchers.
+    """
+    if not len(missing):
+        return []
+    per = files_per_task or -(-len(missing) // prefetchers)
+    return [missing[i:i + per] for i in range(0, len(missing), per)]
+
+
+class _Request:
+    """One client's minibatch, from ``Need`` until ``Release``."""
+
+    __slots__ = ("conn", "seq", "epoch", "step", "files", "missing", "tasks", "remaining", "answered")
+
+    def __init__(self, conn, msg, files, missing, remaining):
+        self.conn, self.seq, self.epoch, self.step = conn, msg.seq, msg.epoch, msg.step
+        self.files, self.missing, self.remaining = files, missing, remaining
+        self.tasks = []
+        self.answered = False
+
+
+class ServiceLoop:
+    """What the service thread does with each message.
+
+    Args:
+        service: The ``StagingService`` (its pool, catalog, staging section,
+            cache, telemetry, wake channel and incoming connections).
+        own: The leader rank's own connection.
+    """
+
+    def __init__(self, service, own):
+        self.s = service
+        self.catalog = service.catalog
+        self.cache = service.cache
+        self.clients = [own]
+        self.rank_of = {}        # connection -> the rank that said Hello on it
+        self.joined = 0          # remote clients accepted so far
+        self.requests = {}       # (conn, seq) -> _Request, until released
+        self.waiting = {}        # file index -> [_Request] still waiting for it
+        self.admitting = collections.deque()  # requests with files to fetch, in arrival order
+        self.task_time = {}      # task id -> seconds, until its request is answered
+        self.no_space = collections.Counter()  # file index -> fetches that met a full disk
+        self.next_task = 0
+        self.epoch = 0           # of the latest request, for the cache's counters
+        self.peak = 0
+        self.failed = None       # the Failure sent to clients, once staging failed
+        self.next_stall_check = 0.0
+        self.deadlines = DeadlineQueue(service.pool.tasks.put)
+
+    def run(self):
+        s = self.s
+        peer_conns = [s.peers.conn] if s.peers is not None else []
+        dead = set()  # prefetchers' pipes that reached end-of-file
+        while not s.halted() and (self.clients or self.joined < s.remote_clients):
+            # The pool's pipes are read afresh each turn: an ``auto`` pool grows and shrinks.
+            pool_conns = [c for c in s.pool.conns if c not in dead]
+            for obj in mpc.wait(self.clients + pool_conns + peer_conns + [s.wake.conn], timeout=1.0):
+                if obj is s.wake.conn:
+                    s.wake.recv()
+                    self.admit_clients()
+                elif s.peers is not None and obj is s.peers.conn:
+                    self.on_reply(obj.recv())
+                elif obj in s.pool.by_conn:
+                    msg = s.pool.receive(obj)
+                    if msg is RETIRED:
+                        continue
+                    if isinstance(msg, Failure) and msg.cause == "WorkerDied":
+                        dead.add(obj)
+                    self.on_reply(msg)
+                else:
+                    self.on_client(obj)
+            self.check_stalls()
+            if s.resizer is not None and self.failed is None and s.resizer.resize():
+                self.deadlines.feed(s.pool.size)
+
+    def check_stalls(self):
+        """Fails the job once a prefetcher has waited more than ``staging.stall_timeout_s`` for one file.
+
+        Checked at most about once a second (the wait above times out after
+        one), so a busy service pays nothing for it.
+        """
+        limit = self.s.staging.stall_timeout_s
+        now = time.monotonic()
+        if not limit or self.failed is not None or now < self.next_stall_check:
+            return
+        self.next_stall_check = now + min(1.0, limit / 4)
+        failure = stall_failure(self.s.progress, self.s.pool, self.catalog, self.s.source, limit)
+        if failure is not None:
+            self.fail(failure)
+
+    def admit_clients(self):
+        for conn in self.s.accepted():
+            self.joined += 1
+            if conn is not None:
+                self.clients.append(conn)
+                if self.failed is not None:
+                    self.send(conn, self.failed)
+
+    def on_client(self, conn):
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            msg = Bye()
+        if isinstance(msg, Need):
+            self.need(conn, msg)
+        elif isinstance(msg, Release):
+            self.release(self.requests.pop((conn, msg.seq), None))
+        elif isinstance(msg, Hello):
+            self.rank_of[conn] = msg.rank
+            self.cache.add_plan(msg.rank, msg.plan)
+        elif isinstance(msg, Fail):
+            self.fail(Failure("pipeline", "node leader", cause="PeerFailed", message=msg.reason), skip=conn)
+        elif isinstance(msg, Bye):
+            self.clients.remove(conn)
+            for key in [k for k in self.requests if k[0] is conn]:
+                self.release(self.requests.pop(key))
+            conn.close()
+
+    # Requests -------------------------------------------------------------
+
+    def need(self, conn, msg):
+        if self.failed is not None:
+            self.send(conn, self.failed)
+            return
+        cache = self.cache
+        if conn in self.rank_of:
+            cache.future.advance(self.rank_of[conn], msg.seq)
+        self.epoch = msg.epoch
+        files = np.unique(msg.indices)
+        missing, pending = cache.pin(files)
+        self.s.telemetry.record(tm.REQUEST, msg.epoch, len(files) - len(missing), len(missing))
+        request = _Request(conn, msg, files, missing, len(pending))
+        self.requests[(conn, msg.seq)] = request
+        for index in pending.tolist():
+            self.waiting.setdefault(index, []).append(request)
+        if len(missing):
+            self.admitting.append(request)
+            self.admit()
+        elif not request.remaining:
+            self.answer(request)
+
+    def admit(self):
+        """Starts the fetches of waiting requests, in arrival order, while the cache has room."""
+        cache = self.cache
+        while self.admitting and self.failed is None:
+            request = self.admitting[0]
+            missing = request.missing[cache.state[request.missing] == ABSENT]  # an earlier one may fetch some
+            try:
+                victims = cache.room_for(int(cache.sizes[missing].sum()))
+            except CacheFull as exc:
+                self.fail(Failure("prefetch", "service", request.epoch, request.step, cause="CacheFull",
+                                  message=str(exc)))
+                return
+            if victims is None:
+                if len(self.requests) == len(self.admitting) and not cache.in_flight_bytes:
+                    self.fail(Failure("prefetch", "service", request.epoch, request.step, cause="CacheFull",
+                                      message=f"staging.capacity {human(cache.capacity)} cannot hold minibatch "
+                                              f"{request.step} of epoch {request.epoch} beside the files pinned "
+                                              f"for reading ({human(cache.used)} used)"))
+                return  # a Release will make room
+            self.remove(victims)
+            self.admitting.popleft()
+            self.fetch(request, missing)
+            if not request.remaining and not request.answered:
+                self.answer(request)
+
+    def fetch(self, request, missing):
+        if not len(missing):
+            return
+        s = self.s
+        self.cache.fetching(missing)
+        if self.cache.used > self.peak:
+            self.peak = self.cache.used
+            s.telemetry.record(tm.USAGE, self.epoch, self.peak)
+        first, count = self.next_task, len(missing)
+        if s.peers is not None:
+            missing = self.ask_peers(request, missing)
+        for chunk in split_tasks(missing, s.pool.size, s.staging.files_per_task):
+            task = self.next_task
+            self.next_task += 1
+            files = [(int(i), self.catalog.path(i), int(self.catalog.sizes[i]), self.catalog.mtime(i))
+                     for i in chunk]
+            self.deadlines.push(request.seq, task, StageTask(task, request.epoch, request.step, files))
+            self.task_time[task] = None
+            request.tasks.append(task)
+        self.deadlines.feed(s.pool.size)
+        if s.resizer is not None:
+            s.resizer.asked(len(missing))
+        s.telemetry.record(tm.QUEUED, first, self.next_task - first, count)
+
+    def ask_peers(self, request, missing):
+        """Hands the files other nodes hold to the peer fetchers, one task per holder; returns the rest."""
+        peers, catalog = self.s.peers, self.catalog
+        ask, missing = peers.route(missing, self.cache.sizes[missing])
+        for owner, indices in peers.by_owner(ask):
+            task = self.next_task
+            self.next_task += 1
+            peers.submit(task, request.epoch, request.step, owner,
+                         [(int(i), catalog.path(i), int(catalog.sizes[i]), catalog.mtime(i)) for i in indices])
+            self.task_time[task] = None
+            request.tasks.append(task)
+        return missing
+
+    def release(self, request):
+        """A request's minibatch was read (or its client left): unpin, let the policy remove."""
+        if request is None:
+            return
+        for t in request.tasks:
+            self.task_time.pop(t, None)
+        if request in self.admitting:  # its client left before it could be admitted
+            self.admitting.remove(request)
+        self.remove(self.cache.release(request.files))
+        self.admit()
+
+    def remove(self, indices):
+        """Deletes files the policy let go from the job directory."""
+        for index in indices:
+            try:
+                os.unlink(os.path.join(self.s.local_dir, self.catalog.path(index)))
+            except FileNotFoundError:
+                pass
+            self.s.telemetry.record(tm.EVICTED, int(index), int(self.cache.sizes[index]), self.epoch)
+            self.cache.removed(index)
+
+    # Prefetchers ----------------------------------------------------------
+
+    def on_reply(self, msg):
+        if isinstance(msg, Failure):
+            if self.failed is None:
+                self.fail(msg)
+            return
+        assert isinstance(msg, Staged), msg
+        telemetry, cache = self.s.telemetry, self.cache
+        if msg.task in self.task_time:
+            self.task_time[msg.task] = msg.seconds
+        if msg.route != "peer":
+            self.deadlines.done(msg.task)
+            self.deadlines.feed(self.s.pool.size)
+            if self.s.resizer is not None:
+                self.s.resizer.finished(len(msg.done), msg.seconds)
+        telemetry.record(tm.TASK, msg.task, len(msg.done), msg.seconds)
+        on_staged = self.s.on_staged
+        full = [index for index, nbytes in msg.done if nbytes == NO_SPACE]
+        if self.s.peers is not None:
+            self.s.peers.measure(msg)
+        for index, nbytes in msg.done:
+            if nbytes == NO_SPACE:
+                continue
+            cache.staged(index)
+            self.no_space.pop(index, None)
+            if msg.route == "peer":
+                telemetry.record(tm.PEER, index, nbytes, msg.epoch)
+            else:
+                telemetry.record(tm.STAGED, index, nbytes, msg.epoch)
+                if nbytes != PRESENT and on_staged is not None:  # an empty file is a file staged
+                    on_staged(self.catalog.path(index), nbytes, msg.epoch)
+            for request in self.waiting.pop(index, ()):
+                request.remaining -= 1
+                if not request.remaining and not request.answered:
+                    self.answer(request)
+        if full:
+            self.out_of_space(full, msg.epoch)
+
+    def out_of_space(self, indices, epoch):
+        """The local file system was full below the capacity (another job's files): evict and retry."""
+        cache = self.cache
+        for index in indices:
+            cache.not_fetched(index)
+            self.no_space[index] += 1
+        indices = np.array(indices)
+        want = int(cache.sizes[indices].sum())
+        try:
+            tries_left = max(self.no_space[i] for i in indices.tolist()) <= _NO_SPACE_TRIES
+            victims = cache.policy.victims(cache, want) if tries_left else []
+        except CacheFull:
+            victims = []
+        if not victims or int(cache.sizes[victims].sum()) < want:
+            rel = self.catalog.path(indices[0])
+            self.fail(Failure("prefetch", "service", epoch, None, rel, "OSError",
+                              f"{os.strerror(errno.ENOSPC)}: the local file system under {self.s.local_dir} has no "
+                              f"room for {rel} and {len(indices) - 1} more file(s) ({human(want)}); this job uses "
+                              f"{human(cache.used)} there (staging.capacity "
+                              f"{human(cache.capacity) if cache.capacity else 'unbounded'}) and can evict nothing "
+                              "more: free space there or lower staging.capacity"))
+            return
+        self.remove(victims)
+        cache.fetching(indices)
+        for chunk in split_tasks(indices, self.s.pool.size, self.s.staging.files_per_task):
+            task = self.next_task
+            self.next_task += 1
+            files = [(int(i), self.catalog.path(i), int(cache.sizes[i]), self.catalog.mtime(i)) for i in chunk]
+            self.s.pool.tasks.put(StageTask(task, epoch, -1, files))
+
+    # Answers --------------------------------------------------------------
+
+    def fail(self, failure, skip=None):
+        """Tells every client (but ``skip``) why staging stopped; later requests get the same answer."""
+        self.failed = failure
+        self.deadlines.clear()
+        self.waiting.clear()
+        self.task_time.clear()
+        self.admitting.clear()
+        for conn in self.clients:
+            if conn is not skip:
+                self.send(conn, failure)
+
+    def answer(self, request):
+        request.answered = True
+        seconds = sum(self.task_time.pop(t, None) or 0.0 for t in request.tasks)
+        self.send(request.conn, Ready(request.seq, seconds))
+
+    def send(self, conn, msg):
+        try:
+            conn.send(msg)
+        except (OSError, EOFError):
+            pass  # that client left; its end-of-file is handled when read

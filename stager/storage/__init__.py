@@ -1,0 +1,17 @@
+"""Node-local storage: the base directory, the job's directory, and what cleans up after a job.
+
+``basedir`` is the rule a base directory must pass; ``jobdir`` chooses,
+creates (0700, locked) and removes the job's directory; ``janitor`` removes
+it when its owner is killed; ``leftovers`` finds and removes directories
+whose job is gone (at a leader's start, ``stager clean``).
+
+May import: ``errors``.
+"""
+
+from .basedir import check_base
+from .janitor import Janitor
+from .jobdir import LOCAL_DIR_ENV, JobDir, agreed_job_id, local_base, named_local_base
+from .leftovers import clean, sweep
+
+__all__ = ["Janitor", "JobDir", "LOCAL_DIR_ENV", "agreed_job_id", "check_base", "clean", "local_base",
+           "named_local_base", "sweep"]

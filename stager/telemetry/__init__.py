@@ -1,0 +1,22 @@
+"""What happened and where the time went: events, running totals, the stall accounting and its report.
+
+``events`` records every minibatch's events (``Telemetry``, the event
+kinds); ``stats`` keeps the running totals over them; ``accounting`` turns
+one rank's events into its record and the job's stage rates; ``collect``
+gathers the records into the report JSON; ``summary`` renders it and
+``advice`` names the bottleneck; ``plots`` draws it.
+
+May import: ``errors``.
+"""
+
+from .accounting import account, job_nodes, job_stages
+from .collect import job_summary, pipeline_report, rank_summary, write_report
+from .events import (CONSUMED, DELIVERED, EVICTED, FINISHED, KINDS, NEEDED, NO_SPACE, PEER, PRESENT, QUEUED, READ,
+                     READY, REQUEST, RESIZED, SERVED, STAGED, TASK, USAGE, Telemetry)
+from .stats import BatchTimes, Stats
+from .summary import ReportError, check, load_report, render
+
+__all__ = ["BatchTimes", "CONSUMED", "DELIVERED", "EVICTED", "FINISHED", "KINDS", "NEEDED", "NO_SPACE", "PEER",
+           "PRESENT", "QUEUED", "READ", "READY", "REQUEST", "RESIZED", "ReportError", "SERVED", "STAGED", "Stats",
+           "TASK", "Telemetry", "USAGE", "account", "check", "job_nodes", "job_stages", "job_summary", "load_report",
+           "pipeline_report", "rank_summary", "render", "write_report"]

@@ -1,0 +1,131 @@
+"""Timers and totals: where the time went, per minibatch and per run."""
+
+import threading
+import time
+from dataclasses import dataclass
+
+from . import events as tm
+
+
+@dataclass
+class BatchTimes:
+    """Timings of one delivered minibatch, in seconds.
+
+    Attributes:
+        stall: How long the consumer waited in ``next()`` for it.
+        prefetch: Time prefetchers spent copying its files (0 when all were
+            already local).
+        read: Time a reader spent decoding it.
+    """
+
+    stall: float = 0.0
+    prefetch: float = 0.0
+    read: float = 0.0
+
+
+class Stats:
+    """Running totals of a pipeline: a view over its ``Telemetry``.
+
+    The totals follow the event stream as it is recorded (a few additions
+    per event, under a lock, since the service, coordinator and consumer
+    threads all record), so reading them costs nothing.
+
+    Attributes:
+        telemetry: The event log behind the view.
+        batches: Minibatches delivered.
+        samples: Samples delivered.
+        stall_s: Total time the consumer waited.
+        prefetch_s: Total prefetcher busy time.
+        read_s: Total reader busy time.
+        files_staged: Files copied to node-local storage.
+        bytes_staged: Bytes copied to node-local storage.
+        files_present: Files found already staged (a kept directory).
+        cache: On the node leader, per epoch: the node cache's ``hits`` (files
+            already local or on their way when a minibatch asked for them),
+            ``misses``, ``files_from_source``/``bytes_from_source``,
+            ``evictions``/``bytes_evicted``, ``peak_bytes``, and with
+            ``staging.peers`` ``files_from_peers``/``bytes_from_peers`` (fetched
+            from other nodes' copies) and ``files_to_peers``/``bytes_to_peers``
+            (sent to them; the asking node's epoch).
+    """
+
+    def __init__(self):
+        self.batches = self.samples = self.files_staged = self.bytes_staged = self.files_present = 0
+        self.stall_s = self.prefetch_s = self.read_s = 0.0
+        self.cache = {}
+        self.started = time.perf_counter()
+        self._lock = threading.Lock()
+        self.telemetry = tm.Telemetry(on_event=self._on_event)
+
+    def _on_event(self, kind, a, b, value):
+        with self._lock:
+            if kind == tm.CONSUMED:
+                self.batches += 1
+                self.samples += b
+                self.stall_s += value
+            elif kind == tm.STAGED:
+                if b >= 0:  # PRESENT (-2) is a copy found already there; 0 bytes is an empty file copied
+                    self.files_staged += 1
+                    self.bytes_staged += b
+                    epoch = self._epoch(int(value))
+                    epoch["files_from_source"] += 1
+                    epoch["bytes_from_source"] += b
+                else:
+                    self.files_present += 1
+            elif kind == tm.PEER:
+                self.files_staged += 1
+                self.bytes_staged += b
+                epoch = self._epoch(int(value))
+                epoch["files_from_peers"] += 1
+                epoch["bytes_from_peers"] += b
+            elif kind == tm.SERVED:
+                if b:
+                    epoch = self._epoch(int(value))
+                    epoch["files_to_peers"] += 1
+                    epoch["bytes_to_peers"] += b
+            elif kind == tm.REQUEST:
+                epoch = self._epoch(a)
+                epoch["hits"] += b
+                epoch["misses"] += int(value)
+            elif kind == tm.EVICTED:
+                epoch = self._epoch(int(value))
+                epoch["evictions"] += 1
+                epoch["bytes_evicted"] += b
+            elif kind == tm.USAGE:
+                epoch = self._epoch(a)
+                epoch["peak_bytes"] = max(epoch["peak_bytes"], b)
+            elif kind == tm.TASK:
+                self.prefetch_s += value
+            elif kind == tm.READ:
+                self.read_s += value
+
+    def _epoch(self, epoch):
+        if epoch not in self.cache:
+            self.cache[epoch] = dict.fromkeys(("hits", "misses", "files_from_source", "bytes_from_source",
+                                               "evictions", "bytes_evicted", "peak_bytes", "files_from_peers",
+                                               "bytes_from_peers", "files_to_peers", "bytes_to_peers"), 0)
+        return self.cache[epoch]
+
+    def cache_table(self):
+        """The node cache's counters, one dictionary per epoch (node leader; empty elsewhere)."""
+        with self._lock:
+            return [dict(epoch=e, **self.cache[e]) for e in sorted(self.cache)]
+
+    def summary(self, wall_s=None):
+        """Totals as a JSON-ready dictionary, with rates over ``wall_s``."""
+        wall = time.perf_counter() - self.started if wall_s is None else wall_s
+        with self._lock:
+            return {
+                "batches": self.batches,
+                "samples": self.samples,
+                "files_staged": self.files_staged,
+                "bytes_staged": self.bytes_staged,
+                "files_present": self.files_present,
+                "wall_s": round(wall, 4),
+                "stall_s": round(self.stall_s, 4),
+                "stall_fraction": round(self.stall_s / wall, 4) if wall > 0 else 0.0,
+                "samples_per_s": round(self.samples / wall, 2) if wall > 0 else 0.0,
+                "prefetch_busy_s": round(self.prefetch_s, 4),
+                "read_busy_s": round(self.read_s, 4),
+                "cache": [dict(epoch=e, **self.cache[e]) for e in sorted(self.cache)],
+            }

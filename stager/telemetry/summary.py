@@ -1,0 +1,97 @@
+"""The stall report as text: the run, the stages, the ranks, the verdict."""
+
+import json
+
+from .advice import judge
+from ..errors import StagerError
+
+NEEDS = ("steady_stall_fraction", "first_batch_s", "stages", "nodes_accounting", "per_rank", "wall_s")
+
+
+class ReportError(StagerError, ValueError):
+    """A report file that cannot be read or lacks the accounting."""
+
+
+def check(report, path):
+    """Raises ``ReportError`` naming ``path`` and the missing key unless ``report`` has the accounting."""
+    if not isinstance(report, dict):
+        raise ReportError(f"{path}: not a stager report (a JSON object was expected)")
+    for key in NEEDS:
+        if key not in report:
+            raise ReportError(f"{path}: no {key!r}: not written by 'stager run --report' or a front end's "
+                              "report() of this version; run the job again to get one")
+
+
+def _table(rows, header):
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
+    fmt = "  ".join(f"{{:<{w}}}" if i == 0 else f"{{:>{w}}}" for i, w in enumerate(widths))
+    return [fmt.format(*header)] + [fmt.format(*row) for row in rows]
+
+
+def render(report, plots=()):
+    """The report's text.
+
+    Args:
+        report: A report dictionary (``check``ed).
+        plots: ``(title, path)`` of the plots made, or a one-item list with
+            the reason none were.
+    """
+    verdict = judge(report)
+    st = report["stages"]
+    ranks = report["per_rank"]
+    lines = [f"run: {report.get('mode', '?')}, {len(report['nodes_accounting'])} node(s), {len(ranks)} rank(s): "
+             f"{report['batches']} minibatches, {report['samples']} samples in {report['wall_s']:.2f} s "
+             f"({report['samples_per_s']:,.1f} samples/s)",
+             f"stall: {report['stall_fraction']:.1%} of the loop (slowest rank: {report['stall_s']:.2f} s waiting); "
+             f"after the first minibatch {report['steady_stall_fraction']:.1%}",
+             f"time to first minibatch: {report['first_batch_s']:.2f} s",
+             f"bottleneck: {verdict.bottleneck}: {verdict.reason}", "", "stages:"]
+    rows = []
+    if "prefetch" in st:
+        p = st["prefetch"]
+        rows.append(("prefetch", f"{p['workers']}/node", f"{p['busy_s']:.2f}", f"{p['utilization']:.0%}",
+                     f"{p['files_per_s']:,.1f} files/s", f"{p['capacity_files_per_s']:,.1f} files/s",
+                     f"{p['seconds_per_file'] * 1e3:.2f} ms/file"))
+    r = st["read"]
+    rows.append(("read", f"{r['workers']}/rank", f"{r['busy_s']:.2f}", f"{r['utilization']:.0%}",
+                 f"{r['samples_per_s']:,.1f} samples/s", f"{r['capacity_samples_per_s']:,.1f} samples/s",
+                 f"{r['seconds_per_sample'] * 1e3:.3f} ms/sample"))
+    c = st["consume"]
+    rows.append(("consume", f"{c['ranks']} rank(s)", f"{c['compute_s']:.2f}", "",
+                 f"{c['samples_per_s']:,.1f} samples/s", f"{c['demand_samples_per_s']:,.1f} samples/s",
+                 f"{c['seconds_per_step'] * 1e3:.2f} ms/step"))
+    lines += ["  " + x for x in _table(rows, ("stage", "workers", "busy s", "busy", "rate", "capacity/demand",
+                                              "per item"))]
+    lines += ["", "ranks (seconds of each rank's loop):"]
+    rows = [(r["rank"], r["node"], f"{r['wall_s']:.2f}", f"{r['compute_s']:.2f}", f"{r['wait_s']:.2f}",
+             f"{r['other_s']:.2f}", f"{r['stall_fraction']:.1%}", f"{r['first_batch_s']:.2f}",
+             " ".join(f"{k} {q['mean']:.1f}/{q['max']}" for k, q in r["queues"].items())) for r in ranks]
+    lines += ["  " + x for x in _table(rows, ("rank", "node", "wall", "compute", "wait", "other", "stall",
+                                              "first", "queues mean/max"))]
+    waits = [r["wait_s"] for r in ranks]
+    if len(ranks) > 1:
+        lines.append(f"  imbalance: waits from {min(waits):.2f} s to {max(waits):.2f} s "
+                     f"({(max(waits) - min(waits)) / max(report['wall_s'], 1e-9):.1%} of the wall time)")
+    lines += ["", "advice:"] + [f"  - {a}" for a in verdict.advice]
+    if plots:
+        lines += ["", "plots:"] + [f"  {p}" if isinstance(p, str) else f"  {p[0]}: {p[1]}" for p in plots]
+    return "\n".join(lines)
+
+
+def load_report(path):
+    """Reads and checks a report file.
+
+    Raises:
+        ReportError: The file is missing, not JSON, or lacks the accounting.
+    """
+    try:
+        with open(path, encoding="utf-8") as fh:
+            report = json.load(fh)
+    except FileNotFoundError:
+        raise ReportError(f"{path}: no such file (write one with 'stager run CONFIG --report {path}')") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ReportError(f"{path}: cannot be read: {exc}") from None
+    except json.JSONDecodeError as exc:
+        raise ReportError(f"{path}: not JSON ({exc.msg} at line {exc.lineno})") from None
+    check(report, path)
+    return report
