@@ -1,21 +1,25 @@
-"""Train a small CNN with DistributedDataParallel, reading through stager.
+"""Train a torchvision ResNet-18 on an ImageFolder with DDP, reading through DataLoader or stager.
 
-    .venv/bin/torchrun --nproc_per_node=2 examples/train_torch.py configs/demo.yaml --epochs 2
-    .venv/bin/mpiexec -n 2 .venv/bin/python examples/train_torch.py configs/demo.yaml --epochs 2
-    .venv/bin/python examples/train_torch.py configs/demo.yaml --epochs 2
+    .venv/bin/stager make-dataset /tmp/imgs --samples 512 --format jpeg --classes 4
+    .venv/bin/torchrun --nproc_per_node=2 examples/train_torch.py /tmp/imgs --epochs 2
+    .venv/bin/torchrun --nproc_per_node=2 examples/train_torch.py /tmp/imgs --epochs 2 --loader dataloader
+    .venv/bin/mpiexec -n 2 .venv/bin/python examples/train_torch.py /tmp/imgs --epochs 2
+    .venv/bin/python examples/train_torch.py /tmp/imgs --epochs 2
 
-The config describes the dataset (configs/demo.yaml: a synthetic dataset
-behind the emulated slow file system, created and mounted by rank 0) and the
-staging. Each rank trains on its own share of every epoch; gradients are
-averaged by DDP over gloo (CPU). Changing a training script to stager is the
-``StagedLoader`` line. With ``--checkpoint FILE`` the model, the optimizer
-and the loader's position are saved after every step, and a run that finds
-the file resumes from it: ``torchrun --max-restarts=N`` restarts a failed
-worker group, which then continues where the last step left off.
+A standard PyTorch training script: ``ImageFolder`` with torchvision's
+training transforms, a ``DistributedSampler`` under DDP, SGD. ``--loader``
+picks ``DataLoader`` or stager's ``StagedLoader``; the two differ in one line,
+the one marked below. Staging settings (node-local directory, capacity,
+prefetchers) come from ``--config FILE.yaml`` and ``--set KEY=VALUE``, or
+stager's defaults. With ``--checkpoint FILE`` the model, the optimizer and
+the loader's position are saved after every step, and a run that finds the
+file resumes from it: ``torchrun --max-restarts=N`` restarts a failed worker
+group, which then continues where the last step left off.
 """
 
 import argparse
 import contextlib
+import importlib
 import os
 import signal
 import socket
@@ -25,32 +29,25 @@ import time
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.utils.data import DataLoader, DistributedSampler
 
-from iterators.pytorch import StagedLoader
-from stager import load_config
-from stager.job import prepare_source
-from stager.job.progress import RunProgress
-from stager.world import detect, install_abort_hook
-
-
-class SmallCNN(nn.Module):
-    def __init__(self, classes):
-        super().__init__()
-        self.features = nn.Sequential(
-            nn.Conv2d(3, 16, 5, stride=4), nn.ReLU(), nn.Conv2d(16, 32, 3, stride=2), nn.ReLU(),
-            nn.AdaptiveAvgPool2d(1), nn.Flatten())
-        self.head = nn.Linear(32, classes)
-
-    def forward(self, x):
-        return self.head(self.features(x))
+from iterators.pytorch import StagedLoader  # first: it makes torchvision importable beside a CPU-only torch
+import torchvision  # noqa: E402  (isort: after iterators.pytorch)
+from torchvision import transforms as T  # noqa: E402
+from stager import config_from_dict, load_config  # noqa: E402
+from stager.config import parse_overrides  # noqa: E402
+from stager.world import detect, install_abort_hook  # noqa: E402
 
 
-def init_distributed(world):
-    """The gloo process group DDP uses: torchrun's (stager already initialised it), or one agreed over MPI."""
+def init_distributed():
+    """The default process group DDP uses: torchrun's variables, or one agreed over MPI under mpiexec or srun."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # torchrun (or a launcher that sets its variables)
+        dist.init_process_group("gloo")
+        return dist.get_rank(), dist.get_world_size()
+    world = detect()
     if world.size == 1:
-        return False
-    if dist.is_initialized():
-        return True
+        return 0, 1
+    install_abort_hook(world)  # one rank's crash ends the MPI job instead of hanging DDP
     address = None
     if world.rank == 0:
         with socket.socket() as s:
@@ -58,84 +55,120 @@ def init_distributed(world):
             address = (socket.gethostname(), s.getsockname()[1])
     host, port = world.comm.bcast(address, root=0)
     dist.init_process_group("gloo", init_method=f"tcp://{host}:{port}", rank=world.rank, world_size=world.size)
-    return True
+    return world.rank, world.size
 
 
-def save_checkpoint(path, model, optimizer, loader):
+def staging_config(args):
+    """stager's settings from ``--config`` and ``--set`` (None: stager's defaults, or ``$STAGER_CONFIG``)."""
+    if args.config:
+        return load_config(args.config, args.set)
+    return config_from_dict(parse_overrides(args.set)) if args.set else None
+
+
+def image_loader(spec):
+    """``module:function`` reading one image file (default: torchvision's PIL loader)."""
+    if not spec:
+        return torchvision.datasets.folder.default_loader
+    module, _, name = spec.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def save_checkpoint(path, model, optimizer, loader, epoch):
     tmp = f"{path}.part"
-    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "data": loader.state_dict()},
-               tmp)
+    data = loader.state_dict() if hasattr(loader, "state_dict") else {"epoch": epoch, "position": 0}
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "data": data}, tmp)
     os.replace(tmp, path)  # a crash mid-save leaves the previous checkpoint whole
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("config", help="stager YAML config")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
+    parser.add_argument("data", help="an ImageFolder tree: DATA/<class>/<image>")
+    parser.add_argument("--loader", choices=["stager", "dataloader"], default="stager")
     parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--workers", type=int, default=2, help="DataLoader workers, or stager's readers")
+    parser.add_argument("--image-size", type=int, default=224)
     parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--image-loader", metavar="MODULE:FUNCTION", help="reads one image file (default: PIL)")
+    parser.add_argument("--config", metavar="FILE.yaml", help="stager's staging settings")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a stager setting")
     parser.add_argument("--checkpoint", metavar="FILE", help="save after every step; resume from it if it exists")
-    parser.add_argument("--report", metavar="FILE.json", help="write the stall report's input ('stager report')")
+    parser.add_argument("--report", metavar="FILE.json", help="write stager's stall report ('stager report')")
     args = parser.parse_args()
 
     # torchrun's agent stops the other workers with SIGTERM when one fails:
-    # unwinding (rather than dying) stops stager's workers and unmounts.
+    # unwinding (rather than dying) stops stager's workers and removes its files.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-    cfg = load_config(args.config, args.set)
-    world = detect(cfg.world.mpi, cfg.world.backend)
-    install_abort_hook(world)  # one rank's crash ends the job instead of hanging DDP
-    torch.manual_seed(0)
+    torch.manual_seed(args.seed)
+    rank, size = init_distributed()
+    normalize = T.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])
+    train = torchvision.datasets.ImageFolder(args.data, loader=image_loader(args.image_loader), transform=T.Compose(
+        [T.RandomResizedCrop(args.image_size), T.RandomHorizontalFlip(), T.ToTensor(), normalize]))
+    sampler = DistributedSampler(train, seed=args.seed) if size > 1 else None
+    model = torchvision.models.resnet18(num_classes=len(train.classes))
+    if size > 1:
+        model = nn.parallel.DistributedDataParallel(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     with contextlib.ExitStack() as stack:
-        distributed = init_distributed(world)
-        if distributed:  # last out: stager's own groups live in the default one under torchrun
+        if size > 1:  # last out: stager's own groups live beside the default one
             stack.callback(dist.destroy_process_group)
-        cfg = prepare_source(cfg, stack, progress=world.rank == 0, world=world)
-        model = SmallCNN(cfg.synthetic.classes)
-        if distributed:
-            model = nn.parallel.DistributedDataParallel(model)
-        optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
-        loader = stack.enter_context(StagedLoader(cfg, world=world))  # the one line that changes
+        if args.loader == "stager":
+            loader = stack.enter_context(StagedLoader(  # the one line that differs from DataLoader
+                train, batch_size=args.batch_size, shuffle=None if sampler else True, sampler=sampler,
+                num_workers=args.workers, drop_last=True, config=staging_config(args)))
+        else:
+            # Workers end with each epoch's iterator: persistent ones would still live when MPI finalizes
+            # at exit, which then hangs now and then under mpiexec.
+            loader = DataLoader(train, batch_size=args.batch_size, shuffle=None if sampler else True,
+                                sampler=sampler, num_workers=args.workers, drop_last=True)
         first = 0
         if args.checkpoint and os.path.exists(args.checkpoint):
             saved = torch.load(args.checkpoint)
             model.load_state_dict(saved["model"])
             optimizer.load_state_dict(saved["optimizer"])
-            loader.load_state_dict(saved["data"])
+            if hasattr(loader, "load_state_dict"):
+                loader.load_state_dict(saved["data"])
             first = saved["data"]["epoch"]
-            if world.rank == 0:
+            if rank == 0:
                 print(f"resumed from epoch {first}, sample {saved['data']['position']}", flush=True)
         for epoch in range(first, args.epochs):
-            loader.set_epoch(epoch)
-            begin, seen, total = time.perf_counter(), 0, 0.0
-            # A live line on a terminal: samples/s, stall, bytes staged (quiet in a batch log).
-            bar = RunProgress(len(loader), f"epoch {epoch}", lambda: loader.stats, enabled=world.rank == 0)
+            if sampler is not None:
+                sampler.set_epoch(epoch)
+            elif hasattr(loader, "set_epoch"):
+                loader.set_epoch(epoch)
+            begin, seen, total, waited = time.perf_counter(), 0, 0.0, 0.0
+            asked = time.perf_counter()
             for images, labels in loader:
-                x = images.permute(0, 3, 1, 2).float().div_(255.0)  # NHWC uint8 -> NCHW float
-                loss = nn.functional.cross_entropy(model(x), labels)
+                waited += time.perf_counter() - asked
+                loss = nn.functional.cross_entropy(model(images), labels)
                 optimizer.zero_grad()
                 loss.backward()
                 optimizer.step()
                 seen += len(labels)
                 total += loss.item() * len(labels)
-                if args.checkpoint and world.rank == 0:
-                    save_checkpoint(args.checkpoint, model, optimizer, loader)
-                bar.update()
-            bar.close()
-            wall = time.perf_counter() - begin
-            stats = loader.stats
-            if world.rank == 0:
-                print(f"epoch {epoch}: loss {total / max(seen, 1):.4f}, {seen} samples on rank 0 in {wall:.2f} s, "
-                      f"waited for data {stats.stall_s:.2f} s in total", flush=True)
-        if args.report:
+                if args.checkpoint and rank == 0:
+                    save_checkpoint(args.checkpoint, model, optimizer, loader, epoch)
+                asked = time.perf_counter()
+            if rank == 0:
+                print(f"epoch {epoch}: loss {total / max(seen, 1):.4f}, {seen} samples on rank 0 in "
+                      f"{time.perf_counter() - begin:.2f} s, waited for data {waited:.2f} s ({args.loader})",
+                      flush=True)
+        if args.report and args.loader == "stager":
             loader.report(args.report)  # collective: every rank
-        if distributed:
+        if size > 1:
             flat = torch.cat([p.detach().flatten() for p in model.parameters()])
             low, high = flat.clone(), flat.clone()
             dist.all_reduce(low, op=dist.ReduceOp.MIN)
             dist.all_reduce(high, op=dist.ReduceOp.MAX)
-            if world.rank == 0:
+            if rank == 0:
                 state = "in sync" if torch.equal(low, high) else "DIVERGED"
-                print(f"{world.size} replicas {state} after {args.epochs} epoch(s)", flush=True)
+                print(f"{size} replicas {state} after {args.epochs} epoch(s)", flush=True)
+            # gloo's worker thread frees a finished all_reduce's tensors under the GIL; were the group
+            # torn down (DDP's reducer freed) while it does, the two would wait for each other. A last
+            # collective without tensors lets it finish first.
+            dist.barrier()
+            del model
 
 
 if __name__ == "__main__":

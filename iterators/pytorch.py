@@ -1,62 +1,186 @@
-"""A PyTorch data source that stages files: iterate it like a ``DataLoader``.
+"""A drop-in for ``torch.utils.data.DataLoader`` that stages the files of your own dataset.
 
-``StagedLoader`` yields this rank's collated minibatches, one epoch per
-``for`` loop. stager's readers do the loading, so no DataLoader worker
-processes are needed; it is also an ``IterableDataset``, usable as
-``DataLoader(loader, batch_size=None)``. ``set_epoch``, ``state_dict`` and
-``load_state_dict`` give exact mid-epoch resume, also on another number of
-ranks: the same global order continues from the same global position.
+Replace the class name::
+
+    train = torchvision.datasets.ImageFolder(root, transform=T)
+    loader = DataLoader(train, batch_size=256, shuffle=True, num_workers=8)      # before
+    loader = StagedLoader(train, batch_size=256, shuffle=True, num_workers=8)    # after
+
+``StagedLoader`` takes DataLoader's arguments, in DataLoader's order, with
+DataLoader's meaning; the samples are your dataset's own (its loader and
+transforms run in stager's reader processes on the staged copy of each
+file). Under several ranks (torchrun, mpiexec, srun) each rank reads what
+``DistributedSampler`` would give it, whether you pass one or not; a
+``DistributedSampler`` you pass is honoured, its ``set_epoch`` included.
+``set_epoch``, ``state_dict`` and ``load_state_dict`` give exact mid-epoch
+resume, also on another number of ranks. The older form,
+``StagedLoader(config)`` with a stager ``Config`` describing the dataset,
+keeps working. What each argument does here is in the README's "PyTorch"
+section and ``_torch_args``; which datasets are accepted, in
+``_torch_datasets``.
 """
 
+import os
+import warnings
 import weakref
 
-from torch.utils.data import IterableDataset, default_collate, get_worker_info
+import torch
+from torch.utils.data import IterableDataset, default_collate, default_convert, get_worker_info
 
+from stager import Catalog, Pipeline, load_config
 from stager import plan as planlib
-from stager.engine import Pipeline
+from stager.config import Config, config_from_dict
+from stager.world import agree, detect
 
 from ._source import resolve
+from ._torch_args import draw_seed, loader_plan, process_settings
+from ._torch_datasets import TorchFiles
+
+CONFIG_ENV = "STAGER_CONFIG"  # a YAML file of site defaults (local directory, capacity, prefetchers, peers)
+
+
+def _base_config(config):
+    """The staging settings: ``config=`` (a Config or dict), else ``$STAGER_CONFIG``'s file, else the defaults."""
+    if config is None:
+        return load_config(os.environ[CONFIG_ENV]) if os.environ.get(CONFIG_ENV) else Config()
+    if isinstance(config, dict):
+        return config_from_dict(config)
+    if isinstance(config, Config):
+        return config
+    raise TypeError(f"config must be a stager Config or a dict of its values, got {type(config).__name__}")
 
 
 class StagedLoader(IterableDataset):
-    """This rank's minibatches, staged and decoded by stager, collated for PyTorch.
+    """``DataLoader``'s interface over stager: files staged to node-local storage, then decoded and collated.
 
-    ``plan.epochs`` is ignored: the loader serves as many epochs as the
-    training loop asks for. The staging pipeline lives across epochs (files staged in one epoch are
-    read locally in the next, and the next epoch is staged ahead); it starts
-    at the first iteration and stops at ``close()``.
+    Args (DataLoader's, with what each means here):
+        dataset: A dataset that names its files: torchvision's
+            ``DatasetFolder``/``ImageFolder``, one with ``stager_path`` and
+            ``stager_load``, or ``Subset``/``ConcatDataset`` of those (see
+            ``_torch_datasets``). Or, the older form, a stager ``Config``,
+            dict of its values or ``Catalog`` describing the dataset.
+        batch_size: Samples per minibatch on this rank; None yields single
+            samples (``collate_fn`` then defaults to ``default_convert``).
+        shuffle: Shuffle each epoch (``torch.randperm`` seeded with
+            seed + epoch, as ``DistributedSampler``).
+        sampler: None, ``SequentialSampler``, ``RandomSampler`` (over the
+            whole dataset, without replacement) or ``DistributedSampler``
+            (its seed, shuffle, drop_last and ``epoch`` are followed); any
+            other is refused, since stager computes the order ahead.
+        batch_sampler: Refused, for the same reason.
+        num_workers: Reader processes decoding samples (0: the config's
+            ``reader.workers``). stager's prefetchers are apart:
+            ``staging.prefetchers`` of the node.
+        collate_fn: As DataLoader; default ``default_collate``.
+        pin_memory: Pin each batch in page-locked memory when an accelerator
+            is present (as DataLoader, a warning and nothing otherwise).
+        drop_last: Drop each epoch's short last minibatch.
+        timeout: If positive, the longest wait for one minibatch (then
+            ``RuntimeError``, as DataLoader) and for one file of the source
+            (``staging.stall_timeout_s``: the error names the file).
+        worker_init_fn: Called with the reader's index in each reader
+            process before its first sample.
+        multiprocessing_context: Start method of readers and prefetchers.
+        generator: Its ``initial_seed()`` seeds the order; default: torch's
+            default generator's (``torch.manual_seed``), rank 0's on all.
+        prefetch_factor: Minibatches decoded ahead per reader.
+        persistent_workers: Accepted: stager's readers always live across
+            epochs.
+        pin_memory_device: Where to pin (DataLoader's deprecated argument).
+        in_order: Accepted: minibatches always come in plan order.
 
-    Args:
-        config: A stager ``Config`` (or a dict of its values).
-        collate_fn: Turns a list of samples into a batch; default:
-            ``torch.utils.data.default_collate`` (labelled samples become
-            ``(data, labels)`` tensors, copies that the caller owns outright).
-            The samples it gets are views of a reader's shared memory, each
-            slot reused only once every array from it is gone (``stager.engine.wire``),
-            so a collate that keeps them (``torch.from_numpy``) is safe too and
-            holds that memory as long as its batch lives.
-        world: A ``stager.world.World``; default: detected (MPI when launched
-            by mpiexec/srun).
-        catalog: A ``stager.Catalog``; default: built on rank 0 and broadcast.
+    Keyword-only, stager's own:
+        config: Staging settings (local directory, capacity, prefetchers,
+            peers...): a ``Config`` or dict; default ``$STAGER_CONFIG``'s
+            YAML file, else stager's defaults.
+        world: A ``stager.world.World``; default: detected.
+        catalog: For the older form: a ``Catalog``; default: built on rank 0.
     """
 
-    def __init__(self, config, collate_fn=None, world=None, catalog=None):
+    def __init__(self, dataset, batch_size=1, shuffle=None, sampler=None, batch_sampler=None, num_workers=0,
+                 collate_fn=None, pin_memory=False, drop_last=False, timeout=0, worker_init_fn=None,
+                 multiprocessing_context=None, generator=None, *, prefetch_factor=None, persistent_workers=False,
+                 pin_memory_device="", in_order=True, config=None, world=None, catalog=None):
         super().__init__()
-        # The training loop decides how many epochs to read.
-        self.config, self.world, self.catalog = resolve(config, world, catalog, {"plan": {"epochs": 0}})
-        self.collate_fn = collate_fn or default_collate
+        self.batch_size, self.drop_last, self.sampler = batch_size, drop_last, sampler
+        self.num_workers, self.timeout, self.worker_init_fn = num_workers, timeout, worker_init_fn
+        self.prefetch_factor, self.persistent_workers, self.generator = prefetch_factor, persistent_workers, generator
+        self.multiprocessing_context, self.pin_memory_device, self.in_order = (multiprocessing_context,
+                                                                               pin_memory_device, in_order)
+        self.collate_fn = collate_fn or (default_collate if batch_size is not None else default_convert)
+        self.pin_memory = pin_memory and self._can_pin()
+        processes = process_settings(num_workers, prefetch_factor, timeout, multiprocessing_context)
+        self._sampler, self._decoder, self._seed_given = None, None, False
+        if isinstance(dataset, (Config, dict, Catalog)):
+            self.dataset = None
+            self._described(dataset, shuffle, sampler, batch_sampler, generator, processes, config, world, catalog)
+        else:
+            if catalog is not None:
+                raise TypeError("catalog= describes a stager dataset; a PyTorch dataset's files are its catalog")
+            self.dataset = dataset
+            self._from_dataset(dataset, shuffle, batch_sampler, processes, config, world)
         self._epoch = 0
         self._position = 0      # samples of the epoch's global order done, all ranks together
         self._pipe = None
         self._pipe_at = None    # (epoch, position) the pipeline delivers next
         self._finalizer = None
 
+    def _described(self, dataset, shuffle, sampler, batch_sampler, generator, processes, config, world, catalog):
+        """The older form: the dataset and its order in a stager config; given DataLoader arguments override it."""
+        if config is not None:
+            raise TypeError("config= gives the staging settings of a PyTorch dataset; here the dataset argument is "
+                            "itself a stager config")
+        if callable(self.batch_size):
+            raise TypeError("StagedLoader's second argument is batch_size, as DataLoader's; pass the collate "
+                            "function as collate_fn=")
+        if sampler is not None or batch_sampler is not None:
+            raise TypeError("a stager config describes its own order (plan section): give no sampler")
+        plan = {"epochs": 0}  # the training loop decides how many epochs to read
+        if self.batch_size != 1:
+            plan["batch_size"] = self.batch_size or 1
+        if shuffle is not None:
+            plan["shuffle"] = bool(shuffle)
+        if self.drop_last:
+            plan["drop_last"] = True
+        if generator is not None:
+            plan["seed"] = int(generator.initial_seed())
+        self.config, self.world, self.catalog = resolve(dataset, world, catalog, {**processes, "plan": plan})
+        self._seed_given = True
+
+    def _from_dataset(self, dataset, shuffle, batch_sampler, processes, config, world):
+        files = TorchFiles(dataset)
+        base = _base_config(config)
+        world = world if world is not None else detect(base.world.mpi, base.world.backend)
+        order = loader_plan(len(files), self.batch_size, shuffle, self.sampler, batch_sampler, self.drop_last,
+                            self.generator, world)
+        self._sampler = order.sampler
+        plan = dict(order.plan)
+        if "seed" not in plan:
+            mine = draw_seed(order, self.generator, self.sampler)
+            plan["seed"] = agree(world.comm, lambda: mine, lambda text: RuntimeError(text))
+            self._seed_given = order.seed_from != "torch"
+        else:
+            self._seed_given = True
+        overrides = {**processes, "plan": plan,
+                     "dataset": {"source": files.root, "manifest": None, "catalog": None}}
+        self.config, self.world, self.catalog = resolve(base, world, None, overrides, files.catalog)
+        self._decoder = files.decoder(plan["seed"], self.worker_init_fn, dataset)
+
+    @staticmethod
+    def _can_pin():
+        if torch.accelerator.is_available():
+            return True
+        warnings.warn("'pin_memory' argument is set as true but no accelerator is found, then device pinned memory "
+                      "won't be used.")
+        return False
+
     def set_epoch(self, epoch):
         """Chooses the epoch the next iteration reads (from its start unless resuming in it).
 
         Epochs also advance by themselves at the end of each iteration, so
         calling it is optional; calling it with the current epoch keeps a
-        resumed position.
+        resumed position. With a ``DistributedSampler``, its ``set_epoch``
+        does the same.
 
         Raises:
             ValueError: If ``epoch`` is not a non-negative integer.
@@ -75,16 +199,22 @@ class StagedLoader(IterableDataset):
         if get_worker_info() is not None:
             raise RuntimeError("StagedLoader does its own loading in stager's reader processes: use it as "
                                "DataLoader(loader, batch_size=None, num_workers=0), or iterate it directly")
+        if self._sampler is not None:
+            self.set_epoch(self._sampler.epoch)
         if self._position and len(self) == 0:  # resumed exactly at the end of an epoch
             self._epoch, self._position = self._epoch + 1, 0
         pipe = self._pipeline()
         epoch = self._epoch
         while True:
             try:
-                batch = next(pipe)
+                batch = pipe.take(self.timeout or None)
             except StopIteration:
                 self._pipe = None
                 return
+            except TimeoutError:
+                self._close_pipe()
+                raise RuntimeError(f"StagedLoader timed out after {self.timeout} seconds waiting for a minibatch "
+                                   f"of epoch {epoch} (position {self._position})") from None
             # The state must already say "after this batch" while the caller
             # holds it, so a checkpoint taken in the loop body resumes after it.
             self._position = batch.end
@@ -92,16 +222,24 @@ class StagedLoader(IterableDataset):
             if batch.last:
                 self._epoch, self._position = epoch + 1, 0
                 self._pipe_at = (epoch + 1, 0)
-            yield self.collate_fn(batch.samples)
+            yield self._collate(batch.samples)
             if batch.last:
                 return
+
+    def _collate(self, samples):
+        out = self.collate_fn(samples) if self.batch_size is not None else self.collate_fn(samples[0])
+        if self.pin_memory:
+            from torch.utils.data._utils.pin_memory import pin_memory  # what DataLoader's pinning thread calls
+
+            out = pin_memory(out, self.pin_memory_device or None)
+        return out
 
     def _pipeline(self):
         # A pipeline closed by an error starts again from the position, so the
         # next iteration retries (and fails again) instead of yielding nothing.
         if self._pipe is None or self._pipe.closed or self._pipe_at != (self._epoch, self._position):
             self._close_pipe()
-            self._pipe = Pipeline(self.config, self.catalog, world=self.world,
+            self._pipe = Pipeline(self.config, self.catalog, world=self.world, loader=self._decoder,
                                   start=planlib.Position(self._epoch, self._position)).start()
             self._pipe_at = (self._epoch, self._position)
             # A loader still alive at interpreter exit (a global, a reference
@@ -147,17 +285,31 @@ class StagedLoader(IterableDataset):
     def load_state_dict(self, state):
         """Resumes from ``state_dict()``'s position, on any number of ranks.
 
+        A loader whose seed came from torch's default generator (no
+        ``generator``, no ``DistributedSampler``) takes the saved seed, so
+        a script that never called ``torch.manual_seed`` still resumes the
+        same order.
+
         Raises:
             ValueError: If the state belongs to another dataset or order
                 (sample count, seed or shuffle differ), or its epoch or
                 position is not a non-negative integer, naming the key.
         """
+        if not self._seed_given and isinstance(state, dict) and isinstance(state.get("seed"), int):
+            self._adopt_seed(state["seed"])
         try:
             position = planlib.resume_position(state, len(self.catalog), self.config.plan, "state_dict")
         except planlib.ResumeMismatch as exc:
             raise ValueError(f"state_dict[{exc.key!r}] is {exc.saved!r} but this loader has {exc.current!r}: "
                              "it was saved for another dataset or order") from None
         self._epoch, self._position = position.epoch, position.consumed
+
+    def _adopt_seed(self, seed):
+        if seed != self.config.plan.seed:
+            self._close_pipe()
+            self.config = self.config.replace(plan={"seed": seed})
+            if self._decoder is not None:
+                self._decoder.seed = seed
 
     def close(self):
         """Stops the staging pipeline; safe to call twice."""
@@ -183,4 +335,3 @@ class StagedLoader(IterableDataset):
             self.close()
         except Exception:
             pass
-

@@ -6,8 +6,8 @@
 #
 # Set-up is idempotent: system packages (as root, only those missing), a
 # virtual environment in .venv/ at the repository root, and stager installed
-# in it (editable) with the mpich wheel, Chainer, matplotlib (for `stager
-# bench`) and the test tools.
+# in it (editable) with the mpich wheel, Chainer, torchvision, matplotlib (for
+# `stager bench`) and the test tools.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -49,7 +49,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_CONSTRAINT="$PWD/constraints.txt"
 export PIP_BUILD_CONSTRAINT="$PWD/constraints.txt" SETUPTOOLS_USE_DISTUTILS=stdlib
 .venv/bin/python -m pip install -q --upgrade pip "setuptools>=77.0.3,<81" wheel
 echo "bootstrap: installing stager and its dependencies into .venv"
-.venv/bin/python -m pip install -q -e ".[mpich,test,chainer,bench,s3]"
+.venv/bin/python -m pip install -q -e ".[mpich,test,chainer,vision,bench,s3]"
 echo "bootstrap: building the slow file system emulator's C engine"
 .venv/bin/stager slowfs build
 

@@ -94,7 +94,7 @@ def test_readers_grown_mid_run_decode_through_their_own_rings(many_files, tmp_pa
     got = {}
 
     def task(seq):
-        return ReadTask(seq, 0, seq, [(catalog.path(i), catalog.label(i)) for i in range(8 * seq, 8 * seq + 8)])
+        return ReadTask(seq, 0, seq, [(i, catalog.path(i), catalog.label(i)) for i in range(8 * seq, 8 * seq + 8)])
 
     try:
         for seq in range(10):

@@ -18,13 +18,27 @@ def overrides(tmp_path):
             "--set", "slowfs.open_ms=1"]
 
 
+def jpeg_folder(tmp_path, samples=96):
+    """An ImageFolder of real JPEGs, made by the command that exists to make one."""
+    data = str(tmp_path / "imgs")
+    subprocess.run([sys.executable, "-m", "stager", "make-dataset", data, "--samples", str(samples), "--format", "jpeg",
+                    "--bytes", "20000", "--classes", "4", "--quiet"], check=True, timeout=120)
+    return data
+
+
+def torch_example(data, tmp_path, *extra):
+    return [os.path.join(REPO, "examples", "train_torch.py"), data, "--epochs", "2", "--batch-size", "16",
+            "--image-size", "32", "--set", f"staging.local_dir={tmp_path / 'local'}", *extra]
+
+
 @pytest.mark.skipif(not os.path.exists(MPIEXEC), reason="no mpiexec (install .[mpich])")
-def test_torch_example_trains_with_ddp_on_two_ranks(tmp_path):
-    cmd = [MPIEXEC, "-n", "2", sys.executable, os.path.join(REPO, "examples", "train_torch.py"),
-           os.path.join(REPO, "configs", "demo.yaml"), "--epochs", "2", *overrides(tmp_path)]
+@pytest.mark.parametrize("loader", ["stager", "dataloader"])
+def test_torch_example_trains_with_ddp_on_two_ranks(tmp_path, loader):
+    (tmp_path / "local").mkdir()
+    cmd = [MPIEXEC, "-n", "2", sys.executable, *torch_example(jpeg_folder(tmp_path), tmp_path, "--loader", loader)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "epoch 1: loss" in proc.stdout and "48 samples on rank 0" in proc.stdout
+    assert "epoch 1: loss" in proc.stdout and "48 samples on rank 0" in proc.stdout and f"({loader})" in proc.stdout
     assert "2 replicas in sync after 2 epoch(s)" in proc.stdout
     assert os.listdir(tmp_path / "local") == []
 

@@ -1,8 +1,13 @@
 """A prefetcher's fetch threads work on several stage tasks at once (``stager.inflight``)."""
 
 import multiprocessing
+import os
 import threading
 
+import numpy as np
+from conftest import load_catalog, make_config
+
+from stager import Pipeline, plan
 from stager.engine.inflight import InFlight
 from stager.engine.messages import Failure, StageTask, Staged
 
@@ -86,3 +91,17 @@ def test_a_failed_file_is_reported_once_with_its_task_and_later_tasks_are_droppe
     failure = failures[0]
     assert (failure.stage, failure.epoch, failure.step, failure.path) == ("prefetch", 0, 3, "f3.bin")
     assert "cannot stage s3://bucket/f3.bin" in failure.message and "404 NoSuchKey" in failure.message
+
+
+def test_a_file_tree_with_files_in_flight_delivers_every_sample_once_with_the_sources_bytes(slow_source, tmp_path):
+    # Two prefetchers of four fetch threads each, over the FUSE emulator: the same plan and bytes as one at a time.
+    cfg = make_config(slow_source, tmp_path / "local", dataset={"requests_in_flight": 4}, plan={"epochs": 2})
+    catalog = load_catalog(cfg)
+    with Pipeline(cfg, catalog) as pipe:
+        seen = [(b.epoch, b.step, b.indices.tolist(), b.samples) for b in pipe]
+        staged = pipe.stats.files_staged
+    assert [s[:3] for s in seen] == [(m.epoch, m.step, m.indices.tolist()) for m in plan.iterate(len(catalog), cfg.plan)]
+    for _, _, indices, samples in seen:
+        for i, (data, label) in zip(indices, samples):
+            assert np.array_equal(data, np.load(os.path.join(catalog.root, catalog.path(i)))) and label == catalog.label(i)
+    assert staged == len(catalog)

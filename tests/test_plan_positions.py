@@ -13,17 +13,19 @@ from stager.plan import shuffles
 def materialised(n, cfg, epoch, rank, size, start=0):
     """The reference: the whole epoch drawn, fitted and cut (the plan before positions)."""
     order = plan.epoch_order(n, cfg.seed, epoch, cfg.shuffle, size, cfg.remainder, start, cfg.shuffle_algorithm)
-    return plan.rank_share(order, cfg.batch_size, cfg.drop_last, rank, size)
+    return plan.rank_share(order, cfg.batch_size, cfg.drop_last, rank, size, cfg.split)
 
 
-@pytest.mark.parametrize("algorithm", ["pcg64", "feistel"])
+@pytest.mark.parametrize("algorithm,split", [("pcg64", "contiguous"), ("feistel", "contiguous"),
+                                             ("feistel", "strided"), ("torch", "strided")])
 @pytest.mark.parametrize("n,batch,size,drop_last,remainder,start", [
     (100, 4, 1, False, "pad", 0), (103, 4, 4, False, "pad", 0), (103, 4, 4, True, "pad", 0),
     (103, 3, 4, False, "drop", 0), (103, 3, 4, True, "drop", 24), (97, 5, 3, False, "pad", 45),
     (10, 4, 16, False, "pad", 0), (1000, 7, 13, False, "pad", 7 * 13 * 5 + 2)])
-def test_the_per_position_share_is_the_materialised_split(algorithm, n, batch, size, drop_last, remainder, start):
+def test_the_per_position_share_is_the_materialised_split(algorithm, split, n, batch, size, drop_last, remainder,
+                                                          start):
     cfg = PlanConfig(batch_size=batch, epochs=2, seed=3, drop_last=drop_last, remainder=remainder,
-                     shuffle_algorithm=algorithm)
+                     shuffle_algorithm=algorithm, split=split)
     for rank in range(size):
         got = list(plan.iterate(n, cfg, start_epoch=1, start_sample=start, rank=rank, size=size))
         first_epoch = [m for m in got if m.epoch == 1]
@@ -93,13 +95,14 @@ def test_a_billion_samples_on_ten_thousand_ranks_by_sampling():
         assert i in m.indices
 
 
-@pytest.mark.parametrize("algorithm", ["pcg64", "feistel"])
+@pytest.mark.parametrize("algorithm,split", [("pcg64", "contiguous"), ("feistel", "contiguous"),
+                                             ("feistel", "strided"), ("torch", "strided")])
 @pytest.mark.parametrize("n,batch,size,drop_last,remainder,start", [
     (103, 4, 4, False, "pad", 0), (103, 4, 4, True, "pad", 16), (103, 3, 4, False, "drop", 24),
     (10, 4, 16, False, "pad", 0), (100, 5, 3, True, "pad", 31)])
-def test_read_at_inverts_the_plan(algorithm, n, batch, size, drop_last, remainder, start):
+def test_read_at_inverts_the_plan(algorithm, split, n, batch, size, drop_last, remainder, start):
     cfg = PlanConfig(batch_size=batch, epochs=3, seed=9, drop_last=drop_last, remainder=remainder,
-                     shuffle_algorithm=algorithm)
+                     shuffle_algorithm=algorithm, split=split)
     begin = plan.Position(1, start)
     spec = plan.PlanSpec.from_config(n, cfg, size, begin)
     first = {}
@@ -114,10 +117,10 @@ def test_read_at_inverts_the_plan(algorithm, n, batch, size, drop_last, remainde
         assert got == {k: v for k, v in first.items() if k[0] == epoch}
 
 
-@pytest.mark.parametrize("algorithm", ["pcg64", "feistel"])
-def test_next_uses_is_what_the_node_reads_over_the_horizon(algorithm):
+@pytest.mark.parametrize("algorithm,split", [("pcg64", "contiguous"), ("feistel", "strided"), ("torch", "strided")])
+def test_next_uses_is_what_the_node_reads_over_the_horizon(algorithm, split):
     n, size, batch = 211, 6, 4
-    cfg = PlanConfig(batch_size=batch, epochs=0, seed=2, shuffle_algorithm=algorithm)
+    cfg = PlanConfig(batch_size=batch, epochs=0, seed=2, shuffle_algorithm=algorithm, split=split)
     spec = plan.PlanSpec.from_config(n, cfg, size)
     node, position, horizon = [2, 3], plan.Position(0, 5 * batch * size), 12  # crosses into epoch 1
     first = {}

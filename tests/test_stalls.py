@@ -20,19 +20,22 @@ from stager.slowfs import SlowFS, mount, mount_entry, umount
 HUNG_MS = 600_000  # an open that takes ten minutes is, for a test, one that never returns
 
 
-def hung_config(dataset, mnt, tmp_path, start_method="fork", **staging):
+def hung_config(dataset, mnt, tmp_path, start_method="fork", in_flight=None, **staging):
     root, manifest = dataset
     # The manifest is read from the real tree: reading it through the hung mount would hang the catalog.
-    return make_config(mnt, tmp_path / "local", dataset={"manifest": os.path.join(root, "manifest.tsv")},
+    return make_config(mnt, tmp_path / "local", dataset={"manifest": os.path.join(root, "manifest.tsv"),
+                                                         "requests_in_flight": in_flight},
                        staging={"prefetchers": 2, **staging},
                        processes={"shutdown_timeout_s": 2.0, "start_method": start_method})
 
 
-@pytest.mark.parametrize("start_method", ["fork", "spawn"])
-def test_a_stalled_source_fails_the_job_naming_the_file_the_prefetcher_and_the_wait(dataset, tmp_path, start_method):
+@pytest.mark.parametrize("start_method,in_flight", [("fork", None), ("spawn", None), ("fork", 4)])
+def test_a_stalled_source_fails_the_job_naming_the_file_the_prefetcher_and_the_wait(dataset, tmp_path, start_method,
+                                                                                    in_flight):
+    # With files in flight, every fetch thread of a prefetcher has its own row on the stall board.
     root, _ = dataset
     with SlowFS(root, open_ms=HUNG_MS) as mnt:
-        cfg = hung_config(dataset, mnt, tmp_path, start_method, stall_timeout_s=2)
+        cfg = hung_config(dataset, mnt, tmp_path, start_method, in_flight, stall_timeout_s=2)
         pipe = Pipeline(cfg)
         begin = time.monotonic()
         with pytest.raises(StageError) as info:

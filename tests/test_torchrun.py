@@ -14,13 +14,13 @@ from collections import Counter
 import pytest
 
 from conftest import REPO
+from test_examples import jpeg_folder, torch_example
 from stager import plan
 from stager.catalog import Catalog
 from stager.config import PlanConfig
 from test_mpi_run import MPIEXEC, SAMPLES, assert_nothing_left, mpirun, read_records, write_job
 
 TORCHRUN = os.path.join(os.path.dirname(sys.executable), "torchrun")
-EXAMPLE = [os.path.join(REPO, "examples", "train_torch.py"), os.path.join(REPO, "configs", "demo.yaml")]
 
 pytestmark = pytest.mark.skipif(not os.path.exists(TORCHRUN), reason=f"no torchrun at {TORCHRUN} (install torch)")
 
@@ -209,18 +209,14 @@ def test_a_restarted_worker_group_resumes_stager_run_from_its_state_file(tmp_pat
     assert_nothing_left(tmp_path, job)
 
 
-def example_args(tmp_path):
-    return ["--epochs", "2", "--set", "synthetic.samples=96", "--set", "synthetic.bytes=20000",
-            "--set", f"dataset.source={tmp_path / 'data'}", "--set", f"staging.local_dir={tmp_path / 'local'}",
-            "--set", "slowfs.open_ms=1"]
-
-
 def test_torch_example_trains_with_ddp_under_torchrun(tmp_path):
-    [(code, out)] = agents(tmp_path, [*EXAMPLE, *example_args(tmp_path)])
+    data = jpeg_folder(tmp_path)
+    (tmp_path / "local").mkdir()
+    [(code, out)] = agents(tmp_path, torch_example(data, tmp_path))
     assert code == 0, out
     assert "epoch 1: loss" in out and "48 samples on rank 0" in out
     assert "2 replicas in sync after 2 epoch(s)" in out
-    assert_nothing_left(tmp_path, str(tmp_path / "data"))
+    assert_nothing_left(tmp_path, data)
 
 
 def test_a_restarted_worker_group_resumes_the_example_from_its_checkpoint(tmp_path):
@@ -228,13 +224,15 @@ def test_a_restarted_worker_group_resumes_the_example_from_its_checkpoint(tmp_pa
     # workers, which resume from rank 0's last checkpoint and finish in sync.
     # torch 2.13's agent otherwise hands the restarted group its predecessor's
     # store, whose stale addresses make init_process_group fail.
-    [(code, out)] = agents(tmp_path, [*EXAMPLE, *example_args(tmp_path), "--set", "plan.batch_size=4", "--set",
-                                      "dataset.loader=faults:fail_once_on_rank_1", "--set", "reader.ahead=1",
-                                      "--checkpoint", str(tmp_path / "ck.pt")], extra=["--max-restarts=1"],
-                           env={"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"})
+    data = jpeg_folder(tmp_path)
+    (tmp_path / "local").mkdir()
+    [(code, out)] = agents(tmp_path, torch_example(data, tmp_path, "--batch-size", "4", "--set", "reader.ahead=1",
+                                                   "--image-loader", "faults:fail_once_on_rank_1_image",
+                                                   "--checkpoint", str(tmp_path / "ck.pt")),
+                           extra=["--max-restarts=1"], env={"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"})
     assert code == 0, out
     assert "injected failure on rank 1" in out
     resumed = [line for line in out.splitlines() if line.startswith("resumed from epoch")]
     assert len(resumed) == 1 and resumed[0] != "resumed from epoch 0, sample 0", out
     assert "2 replicas in sync after 2 epoch(s)" in out
-    assert_nothing_left(tmp_path, str(tmp_path / "data"))
+    assert_nothing_left(tmp_path, data)

@@ -54,9 +54,10 @@ class DatasetConfig:
             is not AWS (Ceph RGW, MinIO, ...); None: AWS. Credentials come
             from the standard AWS chain (environment, shared files,
             ``AWS_PROFILE``), never from this file.
-        requests_in_flight: For object stores, requests each prefetcher keeps
-            in flight (threads sharing one connection pool), to cover the
-            per-request latency.
+        requests_in_flight: Files (objects) each prefetcher fetches at once,
+            in threads, to cover the source's latency per file without more
+            processes: the threads wait, the process's CPU is shared. None:
+            16 for object stores (one connection pool), 1 for file trees.
         retries: For object stores, how many times a throttled (503 SlowDown)
             or timed out request is retried, with exponential backoff.
         request_timeout_s: For object stores, connect and read timeout of one
@@ -72,7 +73,7 @@ class DatasetConfig:
     catalog: Optional[str] = path_field(None)
     broadcast_max: int = 1_000_000
     endpoint_url: Optional[str] = None
-    requests_in_flight: int = 16
+    requests_in_flight: Optional[int] = None
     retries: int = 5
     request_timeout_s: float = 10.0
 
@@ -83,7 +84,8 @@ class DatasetConfig:
         require(self.broadcast_max >= 0, "dataset.broadcast_max must be 0 (always map a catalog file) or more")
         require(self.endpoint_url is None or "://" in self.endpoint_url,
                 f"dataset.endpoint_url must be a URL such as http://host:port, not {self.endpoint_url!r}")
-        require(self.requests_in_flight >= 1, "dataset.requests_in_flight must be at least 1")
+        require(self.requests_in_flight is None or self.requests_in_flight >= 1,
+                "dataset.requests_in_flight must be at least 1 (or null: the source's default)")
         require(self.retries >= 0, "dataset.retries must be 0 or more")
         require(self.request_timeout_s > 0, "dataset.request_timeout_s must be positive")
         require(self.layout in ("hwc", "chw"), f"dataset.layout must be 'hwc' or 'chw', not {self.layout!r}")
@@ -108,7 +110,14 @@ class PlanConfig:
             every earlier run, the default so that saved runs keep their
             order); ``feistel`` evaluates each rank's positions on their
             own, in time and memory proportional to the rank's share (for
-            datasets of tens of millions of samples and more).
+            datasets of tens of millions of samples and more); ``torch``
+            is ``DistributedSampler``'s (``torch.randperm`` seeded with
+            seed + epoch).
+        split: How each global minibatch is shared among the ranks
+            (``plan.splits``): ``contiguous`` gives rank r the r-th run of
+            ``batch_size`` samples; ``strided`` every size-th sample from
+            r, as ``DistributedSampler`` does (with ``shuffle_algorithm:
+            torch`` and ``remainder``, exactly its shares).
     """
 
     batch_size: int = 32
@@ -118,15 +127,18 @@ class PlanConfig:
     drop_last: bool = False
     remainder: str = "pad"
     shuffle_algorithm: str = "pcg64"
+    split: str = "contiguous"
 
     def __post_init__(self):
-        from ..plan.shuffles import SHUFFLES  # the registry lives with the plan
+        from ..plan.shuffles import SHUFFLES  # the registries live with the plan
+        from ..plan.splits import SPLITS
 
         require(self.shuffle_algorithm in SHUFFLES, f"plan.shuffle_algorithm must be one of {sorted(SHUFFLES)}, "
                                                     f"not {self.shuffle_algorithm!r}")
         require(self.batch_size >= 1, "plan.batch_size must be at least 1")
         require(self.epochs >= 0, "plan.epochs must be 0 (repeat) or more")
         require(self.remainder in ("pad", "drop"), "plan.remainder must be 'pad' or 'drop'")
+        require(self.split in SPLITS, f"plan.split must be one of {sorted(SPLITS)}, not {self.split!r}")
 
 
 

@@ -231,7 +231,7 @@ class Coordinator:
                and self.read_ptr in self.staged):
             mb = self.batches[self.read_ptr]
             self.staged.discard(self.read_ptr)
-            files = [(catalog.path(i), catalog.label(i)) for i in mb.indices]
+            files = [(i, catalog.path(i), catalog.label(i)) for i in mb.indices.tolist()]
             ch.readers.tasks.put(ReadTask(self.read_ptr, mb.epoch, mb.step, files))
             if ch.read_resizer is not None:
                 ch.read_resizer.asked(1)

@@ -1,8 +1,10 @@
 """A prefetcher that keeps several stage tasks' files in flight at once.
 
-For a source with latency per request (an object store), a prefetcher runs
-``source.concurrency`` fetches at once in threads sharing the source's
-connection pool. Taking one task at a time would cap the requests in flight
+For a source with latency per request (an object store, or a shared file
+system whose every open is a round trip), a prefetcher runs
+``source.concurrency`` fetches at once in threads (sharing an object
+store's connection pool); each thread says on the stall board which file it
+waits for. Taking one task at a time would cap the requests in flight
 at the task's size (a minibatch's missing files spread over the
 prefetchers: often fewer than the threads) and leave the threads idle
 between the end of one task and the start of the next. So the prefetcher
@@ -43,12 +45,17 @@ class InFlight:
         threads: Fetches at once (``source.concurrency``).
         fetch: ``fetch(source, dst_root, index, rel, size, mtime_ns)`` ->
             ``(index, bytes or NO_SPACE)`` (``workers._fetch``).
+        progress: The service's ``stalls.Progress``, told which file each
+            thread waits for, or None.
     """
 
-    def __init__(self, worker, reply, stop, source, dst_root, threads, fetch):
+    def __init__(self, worker, reply, stop, source, dst_root, threads, fetch, progress=None):
         self.worker, self.reply, self.stop = worker, reply, stop
         self.source, self.dst_root, self.threads, self.fetch = source, dst_root, threads, fetch
-        self.pool = ThreadPoolExecutor(threads, "stager-fetch")
+        self.progress = progress
+        self.pool = ThreadPoolExecutor(threads, "stager-fetch", initializer=self._name_thread)
+        self.local = threading.local()
+        self.named = 0
         self.cond = threading.Condition()
         self.busy = 0            # files submitted and not finished
         self.failed = False      # a Failure was sent: drop every task from now on
@@ -81,12 +88,23 @@ class InFlight:
             stopping = self.stop.is_set() or self.failed
             self.pool.shutdown(wait=not stopping, cancel_futures=stopping)
 
+    def _name_thread(self):
+        with self.cond:
+            self.local.thread, self.named = self.named, self.named + 1  # its row of the stall board
+
     def _one(self, opened, file):
         if self.failed or self.stop.is_set():
             self._finished()
             return
+        task, thread = opened.task, self.local.thread
         try:
-            result = self.fetch(self.source, self.dst_root, *file)
+            if self.progress is not None:
+                self.progress.on(self.worker, file[0], task.epoch, task.step, thread)
+            try:
+                result = self.fetch(self.source, self.dst_root, *file)
+            finally:
+                if self.progress is not None:
+                    self.progress.idle(self.worker, thread)
         except Exception as exc:  # reported once, with its context; the service then stops us
             task, rel = opened.task, file[1]
             failure = Failure.from_exception("prefetch", self.worker, exc, task.epoch, task.step, rel,

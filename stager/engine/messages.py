@@ -121,12 +121,12 @@ class Staged:
 
 @dataclass(frozen=True, slots=True)
 class ReadTask:
-    """A minibatch for one reader to decode: ``files`` holds ``(relpath, label_or_None)``."""
+    """A minibatch for one reader to decode: ``files`` holds ``(index, relpath, label_or_None)``."""
 
     seq: int
     epoch: int
     step: int
-    files: List[Tuple[str, Optional[int]]]
+    files: List[Tuple[int, str, Optional[int]]]
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,6 +17,7 @@ The shutdown protocol is written in ``shutdown.py``.
 
 import multiprocessing
 import multiprocessing.connection as mpc
+import queue
 import threading
 import time
 import weakref
@@ -68,8 +69,10 @@ class Pipeline:
             ``config.dataset`` and broadcast, or mapped from the catalog file
             ``dataset.catalog`` (see ``stager.catalog.agreed_catalog``).
         loader: Overrides ``config.dataset.loader``: a registry name,
-            ``module:function`` or a callable taking a path (it must be
-            picklable unless the start method is ``fork``).
+            ``module:function``, a callable taking a path, or a
+            ``formats.SampleDecoder`` (a front end's, given each sample's
+            index and epoch); it must be picklable unless the start method
+            is ``fork``.
         start: ``plan.Position`` (or ``(epoch, consumed)``) to resume from:
             ``consumed`` samples of the epoch's global order are done
             (``Batch.end`` of the last minibatch consumed). On another number
@@ -370,12 +373,27 @@ class Pipeline:
         return self
 
     def __next__(self):
+        return self.take()
+
+    def take(self, timeout=None):
+        """The next ``Batch``, as ``next()`` gives it, waiting at most ``timeout`` seconds.
+
+        Raises:
+            StopIteration: At the end of the plan, or once closed.
+            TimeoutError: When no minibatch came within ``timeout``; the
+                pipeline stays open, and a later call may still get it.
+            StageError: When any stage failed (the pipeline is then closed).
+        """
         if self.closed:
             raise StopIteration
         self.start()
         ch = self._ch
         begin = time.perf_counter()
-        item = ch.out.get()
+        try:
+            item = ch.out.get(timeout=timeout)
+        except queue.Empty:
+            raise TimeoutError(f"no minibatch came within {timeout} s (minibatch {self.stats.batches} of this "
+                               f"rank's plan)") from None
         stall = time.perf_counter() - begin
         if item is END or self.closed:
             if item is END:

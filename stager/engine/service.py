@@ -104,7 +104,8 @@ class StagingService:
             The leader's own client connection.
         """
         # The board has a row for every prefetcher an ``auto`` pool may grow to.
-        self.progress = Progress(ctx, max(self.staging.prefetchers, self.auto_limit or 0))
+        self.progress = Progress(ctx, max(self.staging.prefetchers, self.auto_limit or 0),
+                                 getattr(self.source, "concurrency", 1))
         self.pool = WorkerPool(ctx, "prefetch", "stager-prefetch", self.staging.prefetchers, prefetcher_main,
                                (self.source, self.local_dir, self.progress), self.keep_fds)
         if self.auto_limit:

@@ -20,43 +20,45 @@ IDLE = -1
 
 
 class Progress:
-    """One slot per prefetcher in shared memory: ``(file index, epoch, step)`` and a start time.
+    """One slot per fetch thread of each prefetcher in shared memory: ``(file index, epoch, step)`` and a start time.
 
     Args:
         ctx: The multiprocessing context the prefetchers are started with.
         count: Number of prefetchers.
+        threads: Files each prefetcher fetches at once (``source.concurrency``).
     """
 
-    def __init__(self, ctx, count):
-        self._what = ctx.RawArray("q", 3 * count)  # file index (IDLE between tasks), epoch, step
-        self._since = ctx.RawArray("d", count)    # time.monotonic() (one clock for the whole host)
-        for worker in range(count):
-            self._what[3 * worker] = IDLE
+    def __init__(self, ctx, count, threads=1):
+        self.threads = threads
+        self._what = ctx.RawArray("q", 3 * count * threads)  # file index (IDLE between tasks), epoch, step
+        self._since = ctx.RawArray("d", count * threads)    # time.monotonic() (one clock for the whole host)
+        for slot in range(count * threads):
+            self._what[3 * slot] = IDLE
 
     def __len__(self):
         return len(self._since)
 
-    def slot(self, worker):
-        """The slot of prefetcher ``worker``.
+    def slot(self, worker, thread=0):
+        """The slot of fetch thread ``thread`` of prefetcher ``worker``.
 
         An ``auto`` pool gives each worker it starts a new index, so after
         shrinking and growing, indices pass the board's size; the board is
         made with room for the pool's largest size, and live workers' indices
         rarely meet modulo it.
         """
-        return worker % len(self._since)
+        return (worker % (len(self._since) // self.threads)) * self.threads + thread
 
-    def on(self, worker, index, epoch, step):
-        """In prefetcher ``worker``: it starts waiting for file ``index`` of minibatch (``epoch``, ``step``)."""
-        worker = self.slot(worker)
-        self._since[worker] = time.monotonic()
-        self._what[3 * worker + 1] = epoch
-        self._what[3 * worker + 2] = step
-        self._what[3 * worker] = index
+    def on(self, worker, index, epoch, step, thread=0):
+        """In prefetcher ``worker``: ``thread`` starts waiting for file ``index`` of minibatch (``epoch``, ``step``)."""
+        slot = self.slot(worker, thread)
+        self._since[slot] = time.monotonic()
+        self._what[3 * slot + 1] = epoch
+        self._what[3 * slot + 2] = step
+        self._what[3 * slot] = index
 
-    def idle(self, worker):
-        """In prefetcher ``worker``: it waits for its next task (which cannot stall)."""
-        self._what[3 * self.slot(worker)] = IDLE
+    def idle(self, worker, thread=0):
+        """In prefetcher ``worker``: ``thread`` waits for its next file (which cannot stall)."""
+        self._what[3 * self.slot(worker, thread)] = IDLE
 
     def stalled(self, limit_s):
         """The slots on one file for more than ``limit_s``: ``[(slot, index, epoch, step, seconds)]``."""
@@ -77,7 +79,8 @@ def stall_failure(progress, pool, catalog, source, limit_s):
     its last file: its slot is stale, nobody waits.
     """
     for slot, index, epoch, step, waited in progress.stalled(limit_s):
-        procs = [proc for worker, proc in pool.by_conn.values() if progress.slot(worker) == slot]
+        procs = [proc for worker, proc in pool.by_conn.values()
+                 if progress.slot(worker) == slot - slot % progress.threads]
         if not procs:
             continue
         proc, rel = procs[0], catalog.path(index)

@@ -18,7 +18,7 @@ import time
 from . import wire
 from .inflight import InFlight
 from .messages import Decoded, Failure, Staged
-from ..formats import make_loader
+from ..formats import make_decoder
 from ..telemetry import NO_SPACE, PRESENT
 
 POLL_S = 0.5
@@ -64,8 +64,10 @@ def prefetcher_main(worker, parent_pid, tasks, reply, stop, source, dst_root, pr
         pass  # the first fetch meets the same error and reports it with its task's context
     threads = getattr(source, "concurrency", 1)
     if threads > 1:
-        # A source with latency per request (an object store): several tasks' files in flight at once.
-        InFlight(worker, reply, stop, source, dst_root, threads, _fetch).run(_tasks(tasks, stop, parent_pid))
+        # A source with latency per file (an object store, a shared file system): several tasks' files
+        # in flight at once, in threads.
+        InFlight(worker, reply, stop, source, dst_root, threads, _fetch, progress).run(
+            _tasks(tasks, stop, parent_pid))
         return
     failed = False
     for task in _tasks(tasks, stop, parent_pid):
@@ -97,7 +99,7 @@ def prefetcher_main(worker, parent_pid, tasks, reply, stop, source, dst_root, pr
 def reader_main(worker, parent_pid, tasks, reply, stop, root, loader, loader_options, rings):
     """Decodes each ``ReadTask``'s files and replies ``Decoded`` (through ``wire``).
 
-    A sample is the loader's output, or ``(output, label)`` for labelled
+    A sample is the decoder's output, or ``(output, label)`` for labelled
     data. Replies go through the reader's ``wire.Ring``, so arrays reach the
     rank through shared memory whatever their layout.
 
@@ -106,33 +108,37 @@ def reader_main(worker, parent_pid, tasks, reply, stop, root, loader, loader_opt
             node-local directory, or the source's root when reading directly,
             or, for a source whose items are not files, the source itself
             (its ``open_direct`` fetches each item for the time of the read).
+        loader: A ``formats.SampleDecoder`` or a loader spec (``make_decoder``);
+            its ``start`` runs here once, with this reader's index and the
+            number of readers, before the first sample.
         rings: One ``wire.Ring`` per reader; this one uses ``rings[worker]``.
     """
     ring = rings[worker]
     wire.widen(reply)
     try:
-        load = make_loader(loader, loader_options)
+        decoder = make_decoder(loader, loader_options)
+        decoder.start(worker, len(rings))
     except Exception as exc:
         ring.send(reply, Failure.from_exception("read", worker, exc))
-        load = None
+        decoder = None
     for task in _tasks(tasks, stop, parent_pid):
-        if load is None:
+        if decoder is None:
             continue
         start = time.perf_counter()
         samples = []
         rel = None
         try:
-            for rel, label in task.files:
+            for index, rel, label in task.files:
                 if stop.is_set():
                     return
                 if isinstance(root, str):
-                    sample = load(os.path.join(root, rel))
+                    sample = decoder.decode(os.path.join(root, rel), index, task.epoch)
                 else:
                     with root.open_direct(rel) as path:
-                        sample = load(path)
+                        sample = decoder.decode(path, index, task.epoch)
                 samples.append(sample if label is None else (sample, label))
         except Exception as exc:
             ring.send(reply, Failure.from_exception("read", worker, exc, task.epoch, task.step, rel))
-            load = None
+            decoder = None
             continue
         ring.send(reply, Decoded(task.seq, worker, samples, time.perf_counter() - start), stop)

@@ -13,6 +13,7 @@ import numpy as np
 
 from .shares import fitted_length, share_indices, step_count
 from .shuffles import algorithm
+from .splits import split as split_rule
 
 
 class Reads(NamedTuple):
@@ -63,7 +64,7 @@ def read_at(spec, epoch, indices):
     k = q // span
     share = np.minimum(span, length - k * span) // size
     step[read] = start // span + k
-    rank[read] = (q - k * span) // share
+    rank[read] = split_rule(spec.split).owner(q - k * span, size, share)
     return Reads(step, rank)
 
 
@@ -89,7 +90,7 @@ def next_uses(spec, ranks, position, horizon):
         forward = algorithm(spec.shuffle_algorithm, spec.shuffle).forward(spec.samples, spec.seed, epoch)
         for rank in ranks:
             indices, share = share_indices(forward, spec.samples, start, length, steps, spec.batch_size, rank,
-                                           spec.size)
+                                           spec.size, spec.split)
             found.append(indices)
             distance.append(np.repeat(ahead + steps, share))
         if not len(steps) and start == 0:  # an epoch with no minibatch: nothing is ever read

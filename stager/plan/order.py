@@ -10,6 +10,8 @@ import numpy as np
 
 from .shares import fitted_length, step_count
 from .shuffles import DEFAULT, algorithm as shuffle_algorithm
+from .splits import DEFAULT as DEFAULT_SPLIT
+from .splits import split as split_rule
 
 
 def permutation(n, seed, epoch, shuffle=True, algorithm=DEFAULT):
@@ -79,12 +81,13 @@ def steps_per_epoch(n, batch_size, drop_last, size=1, remainder="pad"):
 
 
 def epoch_minibatches(n, batch_size, seed, epoch, shuffle=True, drop_last=False, rank=0, size=1,
-                      remainder="pad", algorithm=DEFAULT):
+                      remainder="pad", algorithm=DEFAULT, split=DEFAULT_SPLIT):
     """Cuts one epoch's permutation into one rank's minibatch index arrays.
 
     The permutation is cut into global minibatches of ``batch_size * size``
-    samples; rank ``r`` takes the ``r``-th contiguous share of each. The last
-    global minibatch may be shorter; it is then shared equally (the order is
+    samples; rank ``r`` takes its share of each by ``split`` (the ``r``-th
+    contiguous run, or every ``size``-th sample from ``r``). The last global
+    minibatch may be shorter; it is then shared equally (the order is
     divisible by ``size``), so every rank has the same number of steps.
 
     Args:
@@ -99,15 +102,16 @@ def epoch_minibatches(n, batch_size, seed, epoch, shuffle=True, drop_last=False,
         size: Number of ranks.
         remainder: ``"pad"`` or ``"drop"``; see ``epoch_order``.
         algorithm: Shuffle name (see ``permutation``).
+        split: Split name (``splits.SPLITS``).
 
     Returns:
         A list of int64 arrays.
     """
     order = epoch_order(n, seed, epoch, shuffle, size, remainder, algorithm=algorithm)
-    return rank_share(order, batch_size, drop_last, rank, size)
+    return rank_share(order, batch_size, drop_last, rank, size, split)
 
 
-def rank_share(order, batch_size, drop_last, rank, size):
+def rank_share(order, batch_size, drop_last, rank, size, split=DEFAULT_SPLIT):
     """One rank's minibatches of an epoch order that ``size`` divides.
 
     Args:
@@ -116,12 +120,14 @@ def rank_share(order, batch_size, drop_last, rank, size):
         drop_last: Drop a short last global minibatch.
         rank: This rank.
         size: Number of ranks.
+        split: Split name (``splits.SPLITS``).
     """
     span = batch_size * size
     count = len(order) // span if drop_last else -(-len(order) // span)
+    rule = split_rule(split)
     out = []
     for s in range(count):
         chunk = order[s * span:(s + 1) * span]
         share = len(chunk) // size
-        out.append(chunk[rank * share:(rank + 1) * share])
+        out.append(chunk[rule.offset(rank, size, share, np.arange(share))])
     return out

@@ -57,7 +57,8 @@ def resume_state(position, samples, plan, size):
     """
     return {"version": STATE_VERSION, "epoch": position.epoch, "position": position.consumed,
             "samples": samples, "seed": plan.seed, "shuffle": plan.shuffle,
-            "shuffle_algorithm": plan.shuffle_algorithm, "batch_size": plan.batch_size, "world_size": size}
+            "shuffle_algorithm": plan.shuffle_algorithm, "split": plan.split, "batch_size": plan.batch_size,
+            "world_size": size}
 
 
 def check_count(name, value, where):

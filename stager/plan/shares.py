@@ -2,8 +2,9 @@
 
 An epoch's *fitted order* is its permutation from a start position on, made
 divisible by the number of ranks (``order.fit_to_ranks``); it is cut into
-global minibatches of ``batch_size * size`` samples, and rank ``r`` reads the
-``r``-th contiguous share of each. Everything here is arithmetic on
+global minibatches of ``batch_size * size`` samples, and rank ``r`` reads its
+share of each by the split rule (``splits``: the ``r``-th contiguous run, or
+every ``size``-th position from ``r``). Everything here is arithmetic on
 positions of that order, so a rank lists what it reads in time and memory
 proportional to its share; the shuffle algorithm then turns positions into
 catalog indices.
@@ -12,6 +13,8 @@ catalog indices.
 import numpy as np
 
 from .shuffles import algorithm
+from .splits import DEFAULT as DEFAULT_SPLIT
+from .splits import split as split_rule
 
 BLOCK = 1 << 16  # positions turned into indices at once: bounds memory when one rank reads a huge epoch
 
@@ -46,16 +49,23 @@ def step_count(length, batch_size, drop_last, size):
     return length // span if drop_last else -(-length // span)
 
 
-def step_bounds(steps, length, batch_size, rank, size):
-    """First fitted position and length of rank ``rank``'s share of each of ``steps``.
+def step_shares(steps, length, batch_size, size):
+    """First fitted position and each rank's share of each of ``steps``.
 
     Every global minibatch holds ``batch_size * size`` samples except perhaps
     the last, which is shared equally (``length`` is divisible by ``size``).
     """
     span = batch_size * size
     steps = np.asarray(steps, dtype=np.int64)
-    share = np.minimum(span, length - steps * span) // size
-    return steps * span + rank * share, share
+    return steps * span, np.minimum(span, length - steps * span) // size
+
+
+def share_positions(steps, length, batch_size, rank, size, split=DEFAULT_SPLIT):
+    """Fitted positions of rank ``rank``'s share of each of ``steps``, concatenated, and each share's length."""
+    first, share = step_shares(steps, length, batch_size, size)
+    j = ranges(np.zeros_like(share), share)  # 0 .. share - 1 for each step, back to back
+    offset = split_rule(split).offset(rank, size, np.repeat(share, share), j)
+    return np.repeat(first, share) + offset, share
 
 
 def ranges(first, counts):
@@ -71,8 +81,8 @@ def epoch_share(n, plan, epoch, rank, size, start=0):
     Args:
         n: Number of samples.
         plan: Anything with ``batch_size``, ``seed``, ``shuffle``,
-            ``shuffle_algorithm``, ``drop_last`` and ``remainder`` (a
-            ``PlanConfig`` or ``PlanSpec``).
+            ``shuffle_algorithm``, ``drop_last``, ``remainder`` and
+            ``split`` (a ``PlanConfig`` or ``PlanSpec``).
         epoch: Epoch number.
         rank: This rank.
         size: Number of ranks.
@@ -91,12 +101,12 @@ def epoch_share(n, plan, epoch, rank, size, start=0):
     per_block = max(1, BLOCK // plan.batch_size)
     for block in range(0, count, per_block):
         steps = np.arange(block, min(count, block + per_block))
-        indices, share = share_indices(forward, n, start, length, steps, plan.batch_size, rank, size)
+        indices, share = share_indices(forward, n, start, length, steps, plan.batch_size, rank, size, plan.split)
         for k, part in zip(steps.tolist(), np.split(indices, np.cumsum(share)[:-1])):
             yield start // span + k, part, start + min((k + 1) * span, length), k == count - 1
 
 
-def share_indices(forward, n, start, length, steps, batch_size, rank, size):
+def share_indices(forward, n, start, length, steps, batch_size, rank, size, split=DEFAULT_SPLIT):
     """Catalog indices of rank ``rank``'s share of ``steps`` (counted from ``start``), concatenated.
 
     Args:
@@ -108,9 +118,10 @@ def share_indices(forward, n, start, length, steps, batch_size, rank, size):
         batch_size: Samples per minibatch on one rank.
         rank: The rank.
         size: Number of ranks.
+        split: How a global minibatch is shared (``splits``).
 
     Returns:
         ``(indices, share)``: the indices and each step's share length.
     """
-    first, share = step_bounds(steps, length, batch_size, rank, size)
-    return forward(permutation_positions(ranges(first, share), n, start)), share
+    positions, share = share_positions(steps, length, batch_size, rank, size, split)
+    return forward(permutation_positions(positions, n, start)), share

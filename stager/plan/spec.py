@@ -8,6 +8,7 @@ from .order import steps_per_epoch
 from .shares import fitted_length
 from .resume import Position
 from .shuffles import DEFAULT
+from .splits import DEFAULT as DEFAULT_SPLIT
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,7 @@ class PlanSpec:
         size: Number of ranks.
         start: Where reading starts.
         shuffle_algorithm: Name in ``shuffles.SHUFFLES``.
+        split: Name in ``splits.SPLITS``.
     """
 
     samples: int
@@ -40,6 +42,7 @@ class PlanSpec:
     size: int
     start: Position = Position()
     shuffle_algorithm: str = DEFAULT
+    split: str = DEFAULT_SPLIT
 
     def __post_init__(self):
         # Checked when the plan is made, before any worker starts: an epoch
@@ -59,7 +62,7 @@ class PlanSpec:
     def from_config(cls, samples, plan, size=1, start=Position()):
         """The description of reading ``plan`` (a ``PlanConfig``) over ``samples`` on ``size`` ranks."""
         return cls(samples, plan.batch_size, plan.epochs, plan.seed, plan.shuffle, plan.drop_last,
-                   plan.remainder, size, start, plan.shuffle_algorithm)
+                   plan.remainder, size, start, plan.shuffle_algorithm, plan.split)
 
     def minibatches(self, rank):
         """Rank ``rank``'s minibatches (see ``iterate``)."""

@@ -37,7 +37,7 @@ def open_source(location, dataset=None, verify="size"):
     Args:
         location: ``dataset.source``.
         dataset: The ``DatasetConfig`` whose other keys a source may use
-            (an object store's endpoint, requests in flight, retries), or None.
+            (files in flight, an object store's endpoint, retries), or None.
         verify: ``staging.verify``, how a file tree's copies are checked. An
             object store's GET is never torn (an object is replaced whole);
             its copies are checked by Content-Length and MD5 ETag, whatever this says.
@@ -46,13 +46,14 @@ def open_source(location, dataset=None, verify="size"):
         ConfigError: For a scheme no source serves, listing those that do.
     """
     scheme, sep, rest = location.partition("://")
+    in_flight = (dataset.requests_in_flight if dataset is not None else None) or 1
     if not sep:
-        return PosixSource(location, verify)
+        return PosixSource(location, verify, in_flight)
     if scheme not in SOURCES:
         raise ConfigError(f"dataset.source {location!r}: no source for scheme {scheme!r}; "
                           f"known: {', '.join(f'{s}://' for s in sorted(SOURCES))} or a plain path")
     if scheme == "file":
-        return PosixSource(rest, verify)
+        return PosixSource(rest, verify, in_flight)
     return SOURCES[scheme].from_config(location, dataset)
 
 

@@ -51,14 +51,18 @@ class PosixSource:
         root: The dataset root.
         verify: How a copy is checked before it is published
             (``staging.verify``: ``none``, ``size``, ``xxhash``; ``verify.py``).
+        concurrency: Files a prefetcher copies at once, in threads
+            (``dataset.requests_in_flight``): a shared file system's open
+            latency is waited for in parallel.
     """
 
     scheme = "file"
 
-    def __init__(self, root, verify="size"):
+    def __init__(self, root, verify="size", concurrency=1):
         check_mode(verify)
         self.root = os.path.abspath(root)
         self.verify = verify
+        self.concurrency = concurrency
 
     @property
     def local_root(self):

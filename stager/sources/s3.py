@@ -48,6 +48,7 @@ class S3Source:
 
     scheme = "s3"
     local_root = None  # objects are not files: readers GET them (``open_direct``)
+    REQUESTS_IN_FLIGHT = 16  # ``dataset.requests_in_flight`` unset: a store answers each GET after its latency
 
     def __init__(self, location, endpoint_url=None, requests_in_flight=16, retries=5, request_timeout_s=10.0,
                  page_size=None):
@@ -62,8 +63,8 @@ class S3Source:
         """The source for ``location`` with the object store keys of a ``DatasetConfig`` (or None)."""
         if dataset is None:
             return cls(location)
-        return cls(location, dataset.endpoint_url, dataset.requests_in_flight, dataset.retries,
-                   dataset.request_timeout_s)
+        return cls(location, dataset.endpoint_url, dataset.requests_in_flight or cls.REQUESTS_IN_FLIGHT,
+                   dataset.retries, dataset.request_timeout_s)
 
     def warm(self):
         """Makes this process's client now, so that the first GETs do not wait for it.

@@ -34,6 +34,17 @@ def fail_once_on_rank_1(path):
     return _fail_on_rank("1", path, os.environ.get("TORCHELASTIC_RESTART_COUNT") == "0")
 
 
+def fail_once_on_rank_1_image(path):
+    """torchvision's PIL image loader, failing as ``fail_once_on_rank_1`` (for ImageFolder's ``loader=``)."""
+    from torchvision.datasets.folder import default_loader
+
+    _calls[0] += 1
+    if (os.environ.get("TORCHELASTIC_RESTART_COUNT") == "0" and os.environ.get("RANK") == "1"
+            and _calls[0] == 20):
+        raise RuntimeError(f"injected failure on rank 1 at {os.path.basename(path)}")
+    return default_loader(path)
+
+
 def fail_on_class_2(path):
     """Decodes ``.npy`` but raises for every sample of class directory ``c002``."""
     if "/c002/" in path:

@@ -16,7 +16,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from .equations import Rates
-from ...formats import make_loader
+from ...formats import make_decoder
 
 PROBE_FILES = 8
 
@@ -98,7 +98,7 @@ def probe(source, catalog, loader="npy", loader_options=None, files=PROBE_FILES,
     stride = max(1, n // max(1, files))
     picks = sorted({(start + i * stride) % n for i in range(min(files, n))})
     root = source.local_root
-    load = make_loader(loader, loader_options or {})
+    decoder = make_decoder(loader, loader_options or {})
     scratch = tempfile.mkdtemp(prefix="stager-probe-")
 
     def one(index):
@@ -108,7 +108,7 @@ def probe(source, catalog, loader="npy", loader_options=None, files=PROBE_FILES,
         begin = time.perf_counter()
         source.fetch(rel, size, catalog.mtime(index), scratch)
         fetched = time.perf_counter()
-        load(os.path.join(scratch, rel))
+        decoder.decode(os.path.join(scratch, rel), index, 0)
         return timed, fetched - begin, time.perf_counter() - fetched, size
 
     # The process's CPU, not wall times: what the files cost the cores whatever the waits

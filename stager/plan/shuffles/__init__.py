@@ -9,14 +9,15 @@ Each algorithm is a module with two pure functions of ``(n, seed, epoch)``:
 
 and a flag ``MATERIALISES``: whether those functions hold the whole epoch
 (cost linear in ``n``) or evaluate each position on its own (cost linear in
-the positions asked for). ``identity`` is the unshuffled order.
+the positions asked for). ``identity`` is the unshuffled order; ``torch``
+is ``DistributedSampler``'s (``torch.randperm`` seeded with seed + epoch).
 """
 
 import numpy as np
 
-from . import feistel, identity, pcg64
+from . import feistel, identity, pcg64, torch_randperm
 
-SHUFFLES = {"pcg64": pcg64, "feistel": feistel, "identity": identity}
+SHUFFLES = {"pcg64": pcg64, "feistel": feistel, "identity": identity, "torch": torch_randperm}
 DEFAULT = "pcg64"
 
 

@@ -1,0 +1,140 @@
+"""DataLoader's arguments, each mapped onto stager's settings or refused with why and what to use.
+
+``loader_plan`` turns the arguments that decide the order (``batch_size``,
+``shuffle``, ``sampler``, ``batch_sampler``, ``drop_last``, ``generator``)
+into the plan's settings; ``process_settings`` the ones that decide the
+processes (``num_workers``, ``prefetch_factor``, ``timeout``,
+``multiprocessing_context``). The order is ``DistributedSampler``'s: each
+epoch ``torch.randperm`` seeded with seed + epoch (``shuffle_algorithm:
+torch``), rank r reading every world-size-th sample from r (``split:
+strided``), padded or cut to the ranks as its ``drop_last`` says.
+"""
+
+import multiprocessing
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch.utils.data import DistributedSampler, RandomSampler, SequentialSampler
+
+
+@dataclass(frozen=True)
+class Order:
+    """What the arguments say about the order.
+
+    Attributes:
+        plan: The ``plan`` section's values.
+        seed_from: ``sampler`` (a ``DistributedSampler``'s seed),
+            ``generator`` (its ``initial_seed()``) or ``torch`` (the default
+            generator's ``initial_seed()``, agreed from rank 0).
+        sampler: A ``DistributedSampler`` whose ``epoch`` each iteration
+            follows, or None.
+    """
+
+    plan: dict
+    seed_from: str
+    sampler: Optional[DistributedSampler] = None
+
+
+def _check_distributed(sampler, world, length):
+    if sampler.num_replicas != world.size or sampler.rank != world.rank:
+        raise ValueError(f"the DistributedSampler says rank {sampler.rank} of {sampler.num_replicas}, but this "
+                         f"process is rank {world.rank} of {world.size} in stager's world (world.backend): build "
+                         f"the sampler in the same job that runs the loader, or leave it out (StagedLoader gives "
+                         f"each rank its DistributedSampler share by itself)")
+    if len(sampler.dataset) != length:
+        raise ValueError(f"the DistributedSampler's dataset has {len(sampler.dataset)} samples, the loader's "
+                         f"{length}: give both the same dataset")
+
+
+def loader_plan(length, batch_size, shuffle, sampler, batch_sampler, drop_last, generator, world):
+    """The plan section for DataLoader's order arguments, and where its seed comes from.
+
+    Args:
+        length: Samples in the dataset.
+        world: stager's ``World``, to check a ``DistributedSampler`` against.
+
+    Returns:
+        An ``Order``.
+
+    Raises:
+        ValueError: For arguments DataLoader refuses too (a sampler with
+            ``shuffle``), or a ``DistributedSampler`` of another world.
+        TypeError: For a ``batch_sampler`` or a sampler whose order stager
+            cannot compute ahead.
+    """
+    if batch_sampler is not None:
+        raise TypeError("StagedLoader computes each epoch's minibatches ahead of time from a seed (that is how it "
+                        "stages them before they are needed), so it cannot take a batch_sampler, whose batches only "
+                        "it knows; use batch_size, shuffle and drop_last, or DataLoader for a custom batch_sampler")
+    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
+        raise ValueError(f"batch_size should be a positive integer or None, but got batch_size={batch_size!r}")
+    plan = {"batch_size": batch_size or 1, "epochs": 0, "drop_last": bool(drop_last) and batch_size is not None,
+            "shuffle_algorithm": "torch", "split": "strided", "remainder": "pad"}
+    if sampler is None:
+        plan["shuffle"] = bool(shuffle)
+        return Order(plan, "torch" if generator is None else "generator")
+    if shuffle is not None:
+        raise ValueError("sampler option is mutually exclusive with shuffle")
+    if isinstance(sampler, DistributedSampler):
+        _check_distributed(sampler, world, length)
+        plan.update(shuffle=bool(sampler.shuffle), seed=int(sampler.seed),
+                    remainder="drop" if sampler.drop_last else "pad")
+        return Order(plan, "sampler", sampler)
+    if type(sampler) is SequentialSampler:
+        plan["shuffle"] = False
+        return Order(plan, "torch")
+    if type(sampler) is RandomSampler and not sampler.replacement and sampler.num_samples == length:
+        plan["shuffle"] = True
+        return Order(plan, "torch" if sampler.generator is None else "sampler_generator")
+    raise TypeError(f"StagedLoader computes each epoch's order ahead of time from a seed, so it takes no sampler "
+                    f"but SequentialSampler, RandomSampler (without replacement, over the whole dataset) and "
+                    f"DistributedSampler; {type(sampler).__name__} draws an order only it knows. For a subset, "
+                    f"wrap the dataset in torch.utils.data.Subset and use shuffle; for weighted or custom "
+                    f"sampling, use DataLoader")
+
+
+def draw_seed(order, generator, sampler):
+    """This rank's seed for ``order.seed_from`` (before the ranks agree on rank 0's)."""
+    if order.seed_from == "generator":
+        return int(generator.initial_seed())
+    if order.seed_from == "sampler_generator":
+        return int(sampler.generator.initial_seed())
+    # The default generator's seed: what torch.manual_seed(s) set, or the random one torch chose at start.
+    return int(torch.initial_seed())
+
+
+def process_settings(num_workers, prefetch_factor, timeout, multiprocessing_context):
+    """The ``reader`` and ``processes`` values (and the stall limit) for DataLoader's process arguments.
+
+    ``num_workers`` readers (0 keeps ``reader.workers``: stager always
+    decodes in reader processes); ``prefetch_factor`` minibatches decoded
+    ahead per reader; ``timeout`` bounds each wait for a minibatch and each
+    prefetcher's wait for one file; ``multiprocessing_context`` starts the
+    readers and prefetchers.
+
+    Raises:
+        ValueError: For values DataLoader refuses too.
+    """
+    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
+        raise ValueError("num_workers option should be non-negative; use num_workers=0 to keep stager's "
+                         "reader.workers")
+    if timeout < 0:
+        raise ValueError("timeout option should be non-negative")
+    if prefetch_factor is not None and (not isinstance(prefetch_factor, int) or prefetch_factor < 1):
+        raise ValueError(f"prefetch_factor option should be a positive integer, not {prefetch_factor!r}")
+    out = {}
+    if num_workers:
+        out["reader"] = {"workers": num_workers}
+    if prefetch_factor is not None:
+        out.setdefault("reader", {})["ahead"] = prefetch_factor * (num_workers or 1)
+    if timeout:
+        out["staging"] = {"stall_timeout_s": float(timeout)}
+    if multiprocessing_context is not None:
+        method = (multiprocessing_context if isinstance(multiprocessing_context, str)
+                  else multiprocessing_context.get_start_method())
+        if method not in multiprocessing.get_all_start_methods():
+            raise ValueError(f"multiprocessing_context option should specify a valid start method in "
+                             f"{multiprocessing.get_all_start_methods()!r}, but got {method!r}")
+        out["processes"] = {"start_method": method}
+    return out

@@ -1,0 +1,249 @@
+"""PyTorch datasets that read one file per sample, as stager's catalog and decoder.
+
+stager stages files, so ``StagedLoader`` takes a dataset that can name the
+file behind each index and build the sample from a (staged) copy of it:
+
+- torchvision's ``DatasetFolder`` and its subclasses (``ImageFolder``,
+  ``ImageNet``...): the file is ``samples[i][0]``; the sample is what the
+  dataset's own ``__getitem__(i)`` returns on a shallow copy whose
+  ``samples[i]`` names the staged file (so its ``loader``, ``transform``,
+  ``target_transform`` and any override of ``__getitem__`` apply);
+- any map-style dataset with the two methods of the protocol below;
+- ``Subset`` and ``ConcatDataset`` of those, nested as deep as you like.
+
+The protocol, for datasets of your own::
+
+    class MyDataset(torch.utils.data.Dataset):
+        def stager_path(self, index):        # the file sample ``index`` is read from
+            return self.files[index]
+        def stager_load(self, path, index):  # the sample, built from that file (or its staged copy)
+            return decode(path), self.labels[index]
+        def __getitem__(self, index):        # what DataLoader calls: the same thing on the original
+            return self.stager_load(self.stager_path(index), index)
+
+Datasets whose samples are in memory (``TensorDataset``, lists) or that
+stream (``IterableDataset``) have nothing to stage and are refused with a
+``TypeError`` that points to ``DataLoader``.
+"""
+
+import collections.abc
+import copy
+import os
+import random
+import stat
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import torch
+from torch.utils.data import ConcatDataset, Dataset, IterableDataset, Subset
+
+from stager import Catalog
+from stager.formats import SampleDecoder
+from stager.sources import check_relpath
+
+from ._torchvision_import import torchvision
+
+# torchvision is the ``vision`` extra: without it, no DatasetFolder can be given.
+DatasetFolder = torchvision.datasets.DatasetFolder if torchvision is not None else None
+
+FOLDER, PROTOCOL = "folder", "protocol"
+STAT_THREADS = 16  # stats in flight on the shared file system while the catalog is made
+
+
+def _refusal(dataset, why):
+    return TypeError(
+        f"StagedLoader stages files, so its dataset must name the file behind each sample: torchvision's "
+        f"DatasetFolder or ImageFolder, a dataset with stager_path(index) and stager_load(path, index) (see "
+        f"iterators.pytorch), or a Subset or ConcatDataset of those. {type(dataset).__name__} {why}: use "
+        f"torch.utils.data.DataLoader for it instead.")
+
+
+def _kind(dataset):
+    """``FOLDER`` or ``PROTOCOL`` for a dataset stager can stage, else None."""
+    if callable(getattr(dataset, "stager_path", None)) and callable(getattr(dataset, "stager_load", None)):
+        return PROTOCOL
+    if DatasetFolder is not None and isinstance(dataset, DatasetFolder):
+        return FOLDER
+    return None
+
+
+def _flatten(dataset, leaves):
+    """Each sample of ``dataset`` as ``(leaf number, index in that leaf)`` arrays; leaves appended to ``leaves``."""
+    if isinstance(dataset, IterableDataset):
+        raise _refusal(dataset, "is an IterableDataset, which streams its samples in an order of its own")
+    if isinstance(dataset, Subset):
+        inner, where = _flatten(dataset.dataset, leaves)
+        chosen = np.asarray(list(dataset.indices), dtype=np.int64)
+        if len(chosen) and (chosen.min() < -len(inner) or chosen.max() >= len(inner)):
+            raise IndexError(f"Subset index {int(chosen.max())} out of range for a dataset of {len(inner)} samples")
+        return inner[chosen], where[chosen]
+    if isinstance(dataset, ConcatDataset):
+        parts = [_flatten(child, leaves) for child in dataset.datasets]
+        return (np.concatenate([p[0] for p in parts]) if parts else np.empty(0, np.int64),
+                np.concatenate([p[1] for p in parts]) if parts else np.empty(0, np.int64))
+    kind = _kind(dataset)
+    if kind is None:
+        if not isinstance(dataset, Dataset):
+            raise _refusal(dataset, "is not a torch Dataset (a list or array held in memory)")
+        raise _refusal(dataset, "holds its samples in memory or reads them in a way stager cannot see")
+    leaves.append((kind, dataset))
+    n = len(dataset)
+    return np.full(n, len(leaves) - 1, dtype=np.int64), np.arange(n, dtype=np.int64)
+
+
+def _path(kind, dataset, index):
+    if kind == FOLDER:
+        return dataset.samples[index][0]
+    path = dataset.stager_path(index)
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"{type(dataset).__name__}.stager_path({index}) returned {path!r}, not a path")
+    return os.fspath(path)
+
+
+class TorchFiles:
+    """What stager needs from a PyTorch dataset: its files, and how to decode each.
+
+    Args:
+        dataset: The dataset given to ``StagedLoader``.
+
+    Raises:
+        TypeError: If it (or a dataset inside it) cannot name its files.
+    """
+
+    def __init__(self, dataset):
+        self.name = type(dataset).__name__
+        self.leaves = []
+        self.leaf_of, self.index_in = _flatten(dataset, self.leaves)
+        if not len(self.leaf_of):
+            raise ValueError(f"{self.name} has no samples")
+        full = [os.path.abspath(_path(*self.leaves[leaf], index))
+                for leaf, index in zip(self.leaf_of.tolist(), self.index_in.tolist())]
+        self.root = os.path.commonpath([os.path.dirname(f) for f in full])
+        self.rels = [check_relpath(os.path.relpath(f, self.root), f"{self.name} sample {i}")
+                     for i, f in enumerate(full)]
+
+    def __len__(self):
+        return len(self.rels)
+
+    def catalog(self):
+        """The samples as a ``stager.Catalog``: one entry per sample, one ``stat`` per distinct file.
+
+        Raises:
+            FileNotFoundError: Naming the first sample whose file cannot be read.
+        """
+        distinct = list(dict.fromkeys(self.rels))
+
+        def look(rel):
+            try:
+                return rel, os.stat(os.path.join(self.root, rel))
+            except OSError as exc:
+                return rel, exc
+
+        with ThreadPoolExecutor(min(STAT_THREADS, len(distinct)), "stager-stat") as pool:
+            found = dict(pool.map(look, distinct))
+        for i, rel in enumerate(self.rels):
+            st = found[rel]
+            path = os.path.join(self.root, rel)
+            if isinstance(st, OSError):
+                raise FileNotFoundError(f"{self.name} sample {i}: cannot read {path}: {st.strerror}")
+            if not stat.S_ISREG(st.st_mode):
+                raise FileNotFoundError(f"{self.name} sample {i}: {path} is not a regular file")
+        sizes = [found[rel].st_size for rel in self.rels]
+        mtimes = [found[rel].st_mtime_ns for rel in self.rels]
+        return Catalog.from_paths(self.root, self.rels, sizes, None, mtimes)
+
+    def decoder(self, seed, worker_init_fn=None, dataset=None):
+        """The ``SampleDecoder`` stager's readers run (picklable when the datasets are)."""
+        return TorchDecoder(self.leaves, self.leaf_of, self.index_in, seed, worker_init_fn, dataset)
+
+
+class _Swapped(collections.abc.Sequence):
+    """A dataset's ``samples`` with one entry replaced (by the staged file), the rest as they are."""
+
+    def __init__(self, base, at, item):
+        self.base, self.at, self.item = base, at, item
+
+    def __len__(self):
+        return len(self.base)
+
+    def __getitem__(self, i):
+        if isinstance(i, int) and (i == self.at or i + len(self.base) == self.at):
+            return self.item
+        return self.base[i]
+
+
+def sample_seed(seed, epoch, index):
+    """The seed of one sample's random transforms: a pure function of (seed, epoch, index).
+
+    So a sample draws the same crop and flip in a run with any number of
+    readers or prefetchers, and another one in the next epoch.
+    """
+    return int(np.random.SeedSequence([seed, epoch, index]).generate_state(1, np.uint64)[0])
+
+
+def _seed_all(value):
+    random.seed(value)
+    np.random.seed(value % 2**32)
+    torch.manual_seed(value)
+
+
+class TorchDecoder(SampleDecoder):
+    """Decodes one staged file as the user's dataset decodes that sample.
+
+    Before each sample, Python's, numpy's and torch's random generators are
+    seeded from (seed, epoch, index) (``sample_seed``): random transforms
+    are reproducible from the seed and independent of which reader decodes
+    what. In each reader, ``start`` first does what a DataLoader worker
+    does: one torch thread, ``torch.utils.data.get_worker_info()`` set
+    (``id`` the reader's index, ``num_workers`` the readers at its start,
+    ``seed`` the plan's seed plus ``id``, ``dataset`` the user's dataset),
+    then ``worker_init_fn(id)``.
+
+    Outside a reader (``auto`` counts probe a few files in the training
+    process) the generators' states are restored after each sample, so the
+    training process's random streams are left as they were.
+    """
+
+    def __init__(self, leaves, leaf_of, index_in, seed, worker_init_fn=None, dataset=None):
+        self.leaves = leaves
+        self.leaf_of = leaf_of
+        self.index_in = index_in
+        self.seed = seed
+        self.worker_init_fn = worker_init_fn
+        self.dataset = dataset
+        self._in_reader = False
+
+    def start(self, worker, workers):
+        from torch.utils.data._utils import worker as torch_worker  # where get_worker_info() looks
+
+        self._in_reader = True
+        torch.set_num_threads(1)  # as DataLoader's workers: the readers are the parallelism
+        seed = self.seed + worker
+        _seed_all(seed)
+        torch_worker._worker_info = torch_worker.WorkerInfo(id=worker, num_workers=workers, seed=seed,
+                                                            dataset=self.dataset)
+        if self.worker_init_fn is not None:
+            self.worker_init_fn(worker)
+
+    def decode(self, path, index, epoch):
+        if not self._in_reader:
+            states = random.getstate(), np.random.get_state(), torch.get_rng_state()
+            try:
+                return self._decode(path, index, epoch)
+            finally:
+                random.setstate(states[0])
+                np.random.set_state(states[1])
+                torch.set_rng_state(states[2])
+        return self._decode(path, index, epoch)
+
+    def _decode(self, path, index, epoch):
+        kind, dataset = self.leaves[self.leaf_of[index]]
+        inner = int(self.index_in[index])
+        _seed_all(sample_seed(self.seed, epoch, index))
+        if kind == PROTOCOL:
+            return dataset.stager_load(path, inner)
+        one = copy.copy(dataset)  # its loader and transforms; its sample ``inner`` is the staged file
+        one.samples = _Swapped(dataset.samples, inner, (path, dataset.samples[inner][1]))
+        if hasattr(one, "imgs"):
+            one.imgs = one.samples  # ImageFolder's alias
+        return one[inner]

@@ -1,0 +1,56 @@
+"""What a reader calls for each sample: a decoder, from a loader's name, a callable or a front end's object.
+
+A loader of one path (``raw``, ``npy``, a ``module:function``) decodes a
+file and needs nothing else. A front end that runs the user's own dataset
+code needs more: which sample a file is (its catalog index) and the epoch,
+to seed random transforms per sample, and a moment in each reader process
+before its first sample (``worker_init_fn``, the worker's identity). Such a
+front end hands the pipeline a ``SampleDecoder``.
+"""
+
+
+class SampleDecoder:
+    """The protocol readers call. Subclass it, or give an object these two methods.
+
+    ``start`` runs once in each reader process before its first sample;
+    ``decode`` turns one staged file into one sample. The object travels to
+    the readers (inherited with ``fork``, pickled otherwise).
+    """
+
+    def start(self, worker, workers):
+        """Called once in reader ``worker`` (of ``workers`` at its start), before its first sample."""
+
+    def decode(self, path, index, epoch):
+        """The sample of catalog entry ``index``, from the file at ``path``, read in epoch ``epoch``."""
+        raise NotImplementedError
+
+
+class PathDecoder(SampleDecoder):
+    """A loader of one path (``(path) -> sample``) as a ``SampleDecoder``."""
+
+    def __init__(self, load):
+        self.load = load
+
+    def decode(self, path, index, epoch):
+        return self.load(path)
+
+
+def is_decoder(spec):
+    """Whether ``spec`` is a ``SampleDecoder`` (or has its two methods)."""
+    return isinstance(spec, SampleDecoder) or (callable(getattr(spec, "decode", None))
+                                               and callable(getattr(spec, "start", None)))
+
+
+def make_decoder(spec, options):
+    """The ``SampleDecoder`` for a loader spec: a ``SampleDecoder`` as it is, anything else through ``make_loader``.
+
+    Args:
+        spec: A ``SampleDecoder``, a registry name, ``module:function`` or a
+            callable taking one path.
+        options: The loaders' options (``hdf5_key``, ``layout``).
+    """
+    if is_decoder(spec):
+        return spec
+    from .files import make_loader  # the path loaders' registry
+
+    return PathDecoder(make_loader(spec, options))
