@@ -27,7 +27,6 @@ table gives the measured ratio beside it.
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -176,9 +175,12 @@ def main():
             cpu, total = row[method]["cpu"], sum(row[method]["epochs"])
             print(f"| {row['n']} | {method} | {total:.2f} | {cpu['rank']:.2f} | {cpu['readers']:.2f} | "
                   f"{cpu['prefetchers']:.2f} | {cpu['emulator']:.2f} |")
-    worst = min(statistics.fmean(r["dataloader"]["epochs"]) / statistics.fmean(r["stager"]["epochs"])
-                / statistics.fmean([a / b for a, b in zip(r["bound_dataloader"], r["bound_stager"])]) for r in rows)
-    print(f"\nworst N: measured ratio / bounds' ratio {worst:.2f} (epochs averaged)")
+    print("\n| N | all epochs: DataLoader s | StagedLoader s | ratio | bounds' ratio | ratio / bounds' |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        a, b = sum(r["dataloader"]["epochs"]), sum(r["stager"]["epochs"])
+        bound = sum(r["bound_dataloader"]) / sum(r["bound_stager"])
+        print(f"| {r['n']} | {a:.2f} | {b:.2f} | {a / b:.2f}x | {bound:.2f}x | {a / b / bound:.2f} |")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"samples": args.samples, "open_ms": args.open_ms, "decode_s": d, "rows": rows}, fh, indent=1)
