@@ -1,5 +1,6 @@
 """Train a small classifier with a Chainer Trainer, reading through stager.
 
+    .venv/bin/stager make-dataset --config configs/demo.yaml       # the demo's dataset, once
     .venv/bin/python examples/train_chainer.py configs/demo.yaml --epochs 2
 
 ``StagingIterator`` replaces ``chainer.iterators.MultiprocessIterator``: the

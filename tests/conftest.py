@@ -138,6 +138,18 @@ def size_limited_tmpfs(mnt, size):
         subprocess.run(["umount", str(mnt)], check=True)
 
 
+def make_job_data(job):
+    """Writes the synthetic dataset a job file describes, as ``stager make-dataset --config JOB`` does.
+
+    ``stager run`` never writes its source: a test that runs a job makes its data first, as a user would.
+    """
+    from stager.config import load_config
+    from stager.job import write_synthetic
+
+    write_synthetic(load_config(str(job)), progress=False)
+    return str(job)
+
+
 def make_config(source, local_dir, **sections):
     """A Config reading ``source`` (with its manifest) and staging under ``local_dir``."""
     data = {

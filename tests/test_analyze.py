@@ -8,7 +8,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from conftest import REPO, stager_cmd
+from conftest import REPO, make_job_data, stager_cmd
 from stager.analyze import attribute
 from stager.analyze.synthetic import synthetic_like
 
@@ -45,7 +45,7 @@ reader:
 run:
   compute_ms: 2
 """)
-    return str(path)
+    return make_job_data(path)
 
 
 def analyze(tmp_path, config, *args):
@@ -106,11 +106,12 @@ def test_a_slow_decoder_is_attributed_to_preparation(tmp_path):
                                          ("analyze_helpers", "is not of the form module:function")])
 def test_a_step_that_does_not_exist_is_named(tmp_path, step, named):
     config = write_config(tmp_path, open_ms=1, prefetchers=2, readers=1)
+    before = sorted(os.listdir(tmp_path))
     proc, result = analyze(tmp_path, config, "--step", step)
     assert proc.returncode == 2 and result is None
     assert f"stager: error: --step {step!r}" in proc.stderr and named in proc.stderr
     assert "Traceback" not in proc.stderr
-    assert not (tmp_path / "data").exists()  # refused before anything was made or mounted
+    assert sorted(os.listdir(tmp_path)) == before and not slowfs_mounts(tmp_path)  # refused before anything was made
 
 
 def test_synthetic_batches_keep_structure_shape_type_and_range():

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from conftest import child_pids, stager_cmd
+from conftest import child_pids, make_job_data, stager_cmd
 from helpers.terminal import Terminal
 from stager import plan
 from stager.catalog import Catalog
@@ -52,7 +52,7 @@ reader:
 """
     path = tmp_path / "job.yaml"
     path.write_text(text)
-    return str(path)
+    return make_job_data(path)
 
 
 def wait_gone(pids, timeout):

@@ -45,6 +45,9 @@ def test_torch_example_trains_with_ddp_on_two_ranks(tmp_path, loader):
 
 def test_chainer_example_trains_with_a_trainer(tmp_path):
     pytest.importorskip("iterators.chainer", reason="Chainer is not installed (extra 'chainer')")
+    # The demo config's dataset, made by the command that makes it (a run never does).
+    subprocess.run([sys.executable, "-m", "stager", "make-dataset", "--config", os.path.join(REPO, "configs", "demo.yaml"),
+                    "--quiet", *overrides(tmp_path)], check=True, timeout=120)
     cmd = [sys.executable, os.path.join(REPO, "examples", "train_chainer.py"),
            os.path.join(REPO, "configs", "demo.yaml"), "--epochs", "2", "--batch-size", "16",
            "--out", str(tmp_path / "result"), *overrides(tmp_path)]

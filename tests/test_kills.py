@@ -13,7 +13,7 @@ import subprocess
 import time
 
 import pytest
-from conftest import REPO, make_config, stager_cmd, stager_workers
+from conftest import REPO, make_config, make_job_data, stager_cmd, stager_workers
 from stall_tools import exited_within, in_fuse_request, wait_until
 
 from stager.engine import Pipeline
@@ -71,6 +71,7 @@ staging:
 reader:
   workers: 2
 """)
+    make_job_data(job)
     marks = tmp_path / "marks"
     marks.mkdir()
     env = dict(os.environ, TMPDIR=str(tmp_path), STAGER_TEST_MARKS=str(marks),

@@ -6,7 +6,7 @@ import signal
 import subprocess
 import tempfile
 
-from conftest import child_pids, stager_cmd
+from conftest import child_pids, make_job_data, stager_cmd
 from helpers.watch import wait_for_lines
 from test_cli import own_tmp, wait_gone
 
@@ -22,7 +22,7 @@ staging: {{local_dir: local, prefetchers: 2, lookahead: 2{extra}}}
 reader: {{workers: 1}}
 run: {{compute_ms: 20}}
 """)
-    return str(path)
+    return make_job_data(path)
 
 
 def start_run(job, tmp_path, *args):

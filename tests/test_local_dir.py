@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from conftest import stager_cmd
+from conftest import make_job_data, stager_cmd
 from test_cli import own_tmp
 
 
@@ -17,6 +17,8 @@ synthetic: {{samples: 20, bytes: 2000}}
 plan: {{batch_size: 4, epochs: 1}}
 staging: {{local_dir: {local}}}
 """)
+    if not (tmp_path / "data").exists():
+        make_job_data(tmp_path / "job.yaml")
     return subprocess.run(stager_cmd("run", str(tmp_path / "job.yaml"), "--quiet", *args), capture_output=True,
                           text=True, timeout=120, env=dict(own_tmp(tmp_path), **(env or {})))
 

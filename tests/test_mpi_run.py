@@ -13,7 +13,7 @@ from collections import Counter
 
 import pytest
 
-from conftest import REPO, child_pids
+from conftest import REPO, child_pids, make_job_data
 from helpers.watch import wait_for_lines
 from stager import plan
 from stager.catalog import Catalog
@@ -33,7 +33,7 @@ slowfs: {{enabled: true, open_ms: 1}}
 plan: {{batch_size: 8, epochs: 2, seed: 7}}
 staging: {{local_dir: local, lookahead: 4}}
 """)
-    return str(tmp_path / "job.yaml")
+    return make_job_data(tmp_path / "job.yaml")
 
 
 def mpirun(nodes, args, tmp_path, timeout=180, env=None):

@@ -10,7 +10,7 @@ from collections import Counter
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, make_job_data
 from stager import plan
 from stager.catalog import Catalog
 from stager.config import PlanConfig
@@ -30,7 +30,7 @@ slowfs: {{enabled: true, open_ms: {open_ms}}}
 plan: {{batch_size: 5, epochs: {EPOCHS}, seed: 3}}
 staging: {{local_dir: local, lookahead: 4}}
 """)
-    return str(tmp_path / "job.yaml")
+    return make_job_data(tmp_path / "job.yaml")
 
 
 def helper_env(tmp_path, **extra):

@@ -9,7 +9,7 @@ import sys
 import time
 
 import pytest
-from conftest import REPO, make_config, stager_cmd
+from conftest import REPO, make_config, make_job_data, stager_cmd
 from helpers.terminal import Terminal
 
 from stager.telemetry import ReportError, load_report
@@ -36,7 +36,7 @@ staging: {{local_dir: local, prefetchers: {prefetchers}, lookahead: 4}}
 reader: {{workers: 2}}
 run: {{compute_ms: {compute_ms}}}
 """)
-    return str(directory / "job.yaml")
+    return make_job_data(directory / "job.yaml")
 
 
 def stager_run(directory, **settings):

@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from conftest import make_job_data
 from slurm_cluster import SlurmCluster, unavailable
 
 REASON = unavailable()
@@ -44,6 +45,7 @@ slurm:
   command: [{venv}/bin/stager, run, {tmp_path}/job.yaml, --quiet, --report, {tmp_path}/r.json,
             --record, {tmp_path}/rec]
 """)
+    make_job_data(tmp_path / "job.yaml")
     os.makedirs(tmp_path / "nvme")
     script = tmp_path / "job.sbatch"
     subprocess.run([sys.executable, "-m", "stager", "slurm", "render", "--config", str(tmp_path / "job.yaml"),

@@ -45,8 +45,22 @@ def _cmd_demo(args):
 
 
 def _cmd_make_dataset(args):
+    from ..job.source import write_synthetic
     from ..job.synth import JPEG_BYTES, make_dataset
 
+    if args.config:
+        if args.dir or args.samples:
+            raise StagerError("make-dataset: give either --config (its synthetic section and dataset.source) or "
+                              "DIR and --samples, not both")
+        cfg = load_config(args.config, args.set)
+        manifest, written = write_synthetic(cfg, progress=not args.quiet)
+        print(f"wrote {cfg.synthetic.samples} samples and {manifest}" if written
+              else f"{manifest} already lists the {cfg.synthetic.samples} samples of {args.config}")
+        return 0
+    if not args.dir or not args.samples:
+        raise StagerError("make-dataset: give DIR and --samples, or --config FILE")
+    if "://" in args.dir:
+        raise StagerError(f"make-dataset writes a local directory; {args.dir} is a URL")
     nbytes = args.bytes or (JPEG_BYTES if args.format == "jpeg" else 196_736)
     manifest = make_dataset(args.dir, args.samples, nbytes, args.classes, args.seed, progress=not args.quiet,
                             fmt=args.format)
@@ -194,9 +208,13 @@ def build_parser():
 
     p = sub.add_parser("make-dataset", help="write a synthetic ImageNet-like dataset",
                        description="Write labelled random uint8 images as .npy files (or 256x256 JPEGs) "
-                                   "under DIR/<class>/ and a manifest DIR/manifest.tsv.")
-    p.add_argument("dir", help="directory to create the dataset in")
-    p.add_argument("--samples", type=int, required=True, help="number of samples")
+                                   "under DIR/<class>/ and a manifest DIR/manifest.tsv; or, with --config, "
+                                   "the dataset a job config's synthetic section describes, at its "
+                                   "dataset.source. The only command, with `stager demo`, that writes data.")
+    p.add_argument("dir", nargs="?", help="directory to create the dataset in")
+    p.add_argument("--config", metavar="FILE.yaml", help="write the config's synthetic dataset at its dataset.source")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config value")
+    p.add_argument("--samples", type=int, help="number of samples")
     p.add_argument("--bytes", type=int, help="approximate bytes per sample (default 196736: 256x256x3 as "
                                              ".npy; 115000 as JPEG)")
     p.add_argument("--format", choices=("npy", "jpeg"), default="npy",

@@ -12,7 +12,7 @@ from .library import path_field, require
 
 @dataclass(frozen=True)
 class SyntheticConfig:
-    """A synthetic dataset that ``stager run`` creates at ``dataset.source`` if absent.
+    """A synthetic dataset, written at ``dataset.source`` by ``stager make-dataset --config`` (never by ``run``).
 
     Attributes:
         samples: Number of samples; 0 disables generation.

@@ -7,7 +7,7 @@ would.
 from .records import Recorder
 from .state import StateFile
 from .runner import run_job
-from .source import ensure_synthetic, prepare_source
+from .source import check_source, prepare_source, write_synthetic
 from .synth import MANIFEST, make_dataset
 
-__all__ = ["MANIFEST", "Recorder", "StateFile", "ensure_synthetic", "make_dataset", "prepare_source", "run_job"]
+__all__ = ["MANIFEST", "Recorder", "StateFile", "check_source", "make_dataset", "prepare_source", "run_job", "write_synthetic"]

@@ -10,6 +10,7 @@ import tempfile
 
 from ..config import config_from_dict
 from .runner import run_job
+from .source import write_synthetic
 
 DEMO = {
     "dataset": {"source": "data", "manifest": "manifest.tsv", "loader": "npy"},
@@ -48,6 +49,7 @@ def run_demo(samples=None, out=print, progress=True):
         out(f"stager demo: {s.samples} samples of ~{s.bytes // 1000} KB behind an emulated slow file system "
             f"({cfg.slowfs.open_ms:g} ms per open, {cfg.slowfs.mbps:g} MB/s), batch {cfg.plan.batch_size}, "
             f"{cfg.reader.workers} readers, {cfg.run.compute_ms:g} ms simulated compute per step")
+        write_synthetic(cfg, progress=progress)  # the demo's own data, in its own directory
         staged = run_job(cfg, progress=progress)
         direct = run_job(cfg.replace(staging={"enabled": False}), progress=progress)
         out("")

@@ -11,7 +11,7 @@ import time
 
 from .progress import RunProgress
 from .records import Recorder
-from .source import prepare_source
+from .source import check_outputs, prepare_source
 from .state import CONTINUE, END, SIGNAL, StateFile
 from .stopping import StopRequest, Stopped
 from .. import plan as planlib
@@ -78,6 +78,7 @@ def run_job(cfg, report=None, record=None, progress=True, world=None):
     """
     world = world if world is not None else detect(cfg.world.mpi, cfg.world.backend)
     progress = progress and world.rank == 0
+    check_outputs(cfg, **{"--record": record, "--report": report, "run.state_file": cfg.run.state_file})
     with contextlib.ExitStack() as stack:
         cfg = prepare_source(cfg, stack, progress, world)
         catalog = agreed_catalog(world.comm, cfg.dataset)
