@@ -19,7 +19,7 @@ import stat
 import numpy
 
 from stager import Catalog
-from stager.sources import check_relpath
+from stager.sources import check_relpath, reading
 
 from ._chainer_import import chainer as _chainer
 
@@ -118,7 +118,8 @@ class FileDataset:
             if rel not in seen:
                 path = os.path.join(self.root, rel)
                 try:
-                    st = os.stat(path)
+                    with reading("stat", path):
+                        st = os.stat(path)
                 except OSError as exc:
                     raise FileNotFoundError(f"{self.name} example {i}: cannot read {path}: {exc.strerror}") from None
                 if not stat.S_ISREG(st.st_mode):

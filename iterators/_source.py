@@ -2,6 +2,7 @@
 
 from stager.catalog import Catalog, agreed_catalog, broadcast_catalog
 from stager.config import Config, config_from_dict
+from stager.sources import within
 from stager.world import detect
 
 
@@ -29,6 +30,7 @@ def resolve(config, world=None, catalog=None, overrides=None, build=None):
         config = config.replace(**overrides)
     world = world if world is not None else detect(config.world.mpi, config.world.backend)
     if catalog is None:
-        catalog = (broadcast_catalog(world.comm, build) if build is not None
-                   else agreed_catalog(world.comm, config.dataset))
+        limit = config.staging.stall_timeout_s  # every read of the source has a deadline
+        catalog = (broadcast_catalog(world.comm, lambda: within(limit, build)) if build is not None
+                   else agreed_catalog(world.comm, config.dataset, limit))
     return config, world, catalog

@@ -31,7 +31,6 @@ import copy
 import os
 import random
 import stat
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -39,7 +38,7 @@ from torch.utils.data import ConcatDataset, Dataset, IterableDataset, Subset
 
 from stager import Catalog
 from stager.formats import SampleDecoder
-from stager.sources import check_relpath
+from stager.sources import check_relpath, parallel, reading
 
 from ._torchvision_import import torchvision
 
@@ -134,13 +133,14 @@ class TorchFiles:
         distinct = list(dict.fromkeys(self.rels))
 
         def look(rel):
+            path = os.path.join(self.root, rel)
             try:
-                return rel, os.stat(os.path.join(self.root, rel))
+                with reading("stat", path):
+                    return rel, os.stat(path)
             except OSError as exc:
                 return rel, exc
 
-        with ThreadPoolExecutor(min(STAT_THREADS, len(distinct)), "stager-stat") as pool:
-            found = dict(pool.map(look, distinct))
+        found = dict(parallel(look, distinct, STAT_THREADS, "stager-stat"))
         for i, rel in enumerate(self.rels):
             st = found[rel]
             path = os.path.join(self.root, rel)

@@ -13,6 +13,7 @@ from .mapped import MappedCatalog, catalog_entries
 from .table import Catalog
 from ..errors import CatalogError
 from ..sources import open_source
+from ..sources.deadline import within
 from ..world import agree, everyone
 
 log = logging.getLogger(__name__)
@@ -61,7 +62,7 @@ def broadcast_catalog(comm, build, root=0):
     return Catalog(root_dir, blob.tobytes(), offsets, sizes, labels, mtimes)
 
 
-def agreed_catalog(comm, dataset):
+def agreed_catalog(comm, dataset, stall_timeout_s=300.0):
     """Every rank's catalog for a ``DatasetConfig``: broadcast, or mapped from its file.
 
     Without ``dataset.catalog``, rank 0 lists the source and broadcasts the
@@ -69,25 +70,28 @@ def agreed_catalog(comm, dataset):
     read by rank 0 and broadcast too; a larger one is memory-mapped by every
     rank, so no rank receives or holds all of it. Rank 0 logs which.
     Samples are read under ``dataset.source`` when it is set, else under the
-    root the file was built from.
+    root the file was built from. Every read of the source or the catalog
+    file has ``stall_timeout_s`` (``staging.stall_timeout_s``) to return
+    (``sources.deadline``): a rank stuck on a hung file system fails, and
+    with it every rank waiting for its result.
     """
     rank = 0 if comm is None else comm.Get_rank()
     if not dataset.catalog:
-        catalog = broadcast_catalog(comm, lambda: Catalog.load(dataset))
+        catalog = broadcast_catalog(comm, lambda: within(stall_timeout_s, Catalog.load, dataset))
         if rank == 0 and len(catalog) > dataset.broadcast_max:
             log.info("stager: catalog of %d entries listed and broadcast whole; `stager catalog build` and "
                      "dataset.catalog would let each node map only what it reads", len(catalog))
         return catalog
     root = open_source(dataset.source).root if dataset.source else None
-    entries = agree(comm, lambda: catalog_entries(dataset.catalog),
+    entries = agree(comm, lambda: within(stall_timeout_s, catalog_entries, dataset.catalog),
                     lambda text: CatalogError(f"rank 0 could not read the catalog file: {text}"))
     if entries <= dataset.broadcast_max:
         if rank == 0:
             log.info("stager: catalog file %s: %d entries (dataset.broadcast_max %d): read on rank 0 and "
                      "broadcast", dataset.catalog, entries, dataset.broadcast_max)
-        return broadcast_catalog(comm, lambda: MappedCatalog(dataset.catalog, root))
+        return broadcast_catalog(comm, lambda: within(stall_timeout_s, MappedCatalog, dataset.catalog, root))
     if rank == 0:
         log.info("stager: catalog file %s: %d entries (over dataset.broadcast_max %d): memory-mapped on "
                  "every rank", dataset.catalog, entries, dataset.broadcast_max)
-    return everyone(comm, lambda: MappedCatalog(dataset.catalog, root),
+    return everyone(comm, lambda: within(stall_timeout_s, MappedCatalog, dataset.catalog, root),
                     lambda r, text: CatalogError(f"rank {r} could not map the catalog file: {text}"))

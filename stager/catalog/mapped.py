@@ -26,6 +26,7 @@ import numpy as np
 
 from .table import Catalog
 from ..errors import CatalogError
+from ..sources.deadline import reading
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +97,7 @@ def write_catalog(catalog, path):
 def read_header(path):
     """The header of catalog file ``path`` as a dict; raises ``CatalogError`` naming the file if it is not one."""
     try:
-        with open(path, "rb") as fh:
+        with reading("open", path), open(path, "rb") as fh:
             raw = fh.read(HEADER.size)
             if len(raw) < HEADER.size or not raw.startswith(MAGIC):
                 raise CatalogError(f"{path} is not a stager catalog file (build one with `stager catalog build`)")
@@ -129,7 +130,7 @@ class MappedCatalog(Catalog):
         self.file = os.path.abspath(path)
         head = read_header(self.file)
         n, at = head["entries"], head["sections"]
-        with open(self.file, "rb") as fh:
+        with reading("open", self.file), open(self.file, "rb") as fh:
             view = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
         # Ranks read entries in shuffled order: reading ahead would bring in
         # pages of entries nobody asked for.

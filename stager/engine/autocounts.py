@@ -18,6 +18,7 @@ from . import perf
 from .perf import cpu_ticks
 from .. import telemetry as tm
 from ..errors import StageError
+from ..sources.deadline import within
 from ..world import agree
 
 log = logging.getLogger(__name__)
@@ -29,12 +30,16 @@ def is_auto(value):
     return value == "auto"
 
 
-def resolve(staging, reader, dataset, batch_size, catalog, source, node_comm):
+def resolve(staging, reader, dataset, batch_size, catalog, source, node_comm, loader=None):
     """The ``StagingConfig`` and ``ReaderConfig`` with ``auto`` counts made numbers.
 
     Collective over ``node_comm`` (None: this rank alone) when a count is
     ``auto``; a rank whose config has none returns at once, as do all ranks
     of a job, since they share one config.
+
+    Args:
+        loader: What the readers decode with (the pipeline's loader: a front
+            end's ``SampleDecoder`` too); default ``dataset.loader``.
 
     Returns:
         ``(staging, reader, rates)``: ``rates`` is the probe's ``perf.Rates``
@@ -44,8 +49,10 @@ def resolve(staging, reader, dataset, batch_size, catalog, source, node_comm):
         return staging, reader, None
 
     def measure():
-        return perf.probe(source, catalog, dataset.loader, {"hdf5_key": dataset.hdf5_key, "layout": dataset.layout},
-                           batch_size=batch_size).to_dict()
+        options = {"hdf5_key": dataset.hdf5_key, "layout": dataset.layout}
+        # Its reads of the source have the stall limit too: a hung source fails the start, not hangs it.
+        return within(staging.stall_timeout_s, perf.probe, source, catalog, loader or dataset.loader, options,
+                      batch_size=batch_size).to_dict()
 
     rates = perf.Rates.from_dict(agree(node_comm, measure, lambda text: StageError(
         f"the node leader could not probe {catalog.root} for auto counts: {text}", stage="prefetch")))

@@ -155,7 +155,7 @@ class Pipeline:
             self.world = detect(self._world_cfg.mpi, self._world_cfg.backend)
         world = self.world
         if self.catalog is None:
-            self.catalog = agreed_catalog(world.comm, self._dataset)
+            self.catalog = agreed_catalog(world.comm, self._dataset, self._staging.stall_timeout_s)
         spec, minibatches = self._rank_plan()
         ch, ctx = self._ch, multiprocessing.get_context(self._processes.start_method)
         source = open_source(self.catalog.root, self._dataset, self._staging.verify)
@@ -170,7 +170,7 @@ class Pipeline:
         shared = world.node_comm is not None and world.local_size > 1
         self._staging, self._reader, self._auto = autocounts.resolve(
             self._staging, self._reader, self._dataset, getattr(spec, "batch_size", self._plan_cfg.batch_size),
-            self.catalog, source, world.node_comm if shared else None)
+            self.catalog, source, world.node_comm if shared else None, self._loader)
         # The counts as they start (auto ones resolved), before any worker or directory exists.
         check_worker_counts(self._staging, self._reader, world.local_size, world.node_leader)
         if auto_read and not self._reader.ahead:

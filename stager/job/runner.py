@@ -81,7 +81,7 @@ def run_job(cfg, report=None, record=None, progress=True, world=None):
     check_outputs(cfg, **{"--record": record, "--report": report, "run.state_file": cfg.run.state_file})
     with contextlib.ExitStack() as stack:
         cfg = prepare_source(cfg, stack, progress, world)
-        catalog = agreed_catalog(world.comm, cfg.dataset)
+        catalog = agreed_catalog(world.comm, cfg.dataset, cfg.staging.stall_timeout_s)
         recorder = None
         if record:
             recorder = Recorder(record, catalog, world)

@@ -12,6 +12,7 @@ import os
 from ..config import config_from_dict
 from ..errors import ConfigError, StagerError
 from ..slowfs import SlowFS
+from ..sources import reading, within
 from ..world import agree
 from .synth import MANIFEST, make_dataset
 
@@ -60,9 +61,11 @@ def check_source(cfg):
     path = src[len("file://"):] if src.startswith("file://") else src
     hint = (" (the config's synthetic section describes a dataset: `stager make-dataset --config CONFIG` writes it "
             "there)" if cfg.synthetic.samples else "")
-    if not os.path.exists(path):
+    with reading("stat", path):
+        exists, isdir = os.path.exists(path), os.path.isdir(path)
+    if not exists:
         raise ConfigError(f"dataset.source {path} does not exist{hint}; stager never creates a dataset for a run")
-    if not os.path.isdir(path):
+    if not isdir:
         raise ConfigError(f"dataset.source {path} is not a directory")
 
 
@@ -106,11 +109,8 @@ def prepare_source(cfg, stack, progress=True, world=None):
     comm = world.comm if world is not None else None
 
     def prepare():
-        check_source(cfg)
+        within(cfg.staging.stall_timeout_s, check_source, cfg)  # a hung source fails here, not forever
         prepared = cfg
-        if cfg.synthetic.samples and not cfg.dataset.manifest and os.path.exists(
-                os.path.join(cfg.dataset.source, MANIFEST)):
-            prepared = cfg.replace(dataset={"manifest": MANIFEST})  # a dataset make-dataset wrote: its manifest
         if prepared.slowfs.enabled:
             mnt = stack.enter_context(SlowFS(prepared.dataset.source, open_ms=prepared.slowfs.open_ms,
                                              mbps=prepared.slowfs.mbps, engine=prepared.slowfs.engine))

@@ -23,6 +23,7 @@ They are chosen by the scheme of ``dataset.source`` from a small registry.
 """
 
 from ..errors import ConfigError
+from .deadline import Deadline, SourceStalled, parallel, reading, within
 from .listing import Listing, check_relpath
 from .posix import PosixSource
 from .publish import SourceChanged, TornCopy, already_published, publish
@@ -57,5 +58,5 @@ def open_source(location, dataset=None, verify="size"):
     return SOURCES[scheme].from_config(location, dataset)
 
 
-__all__ = ["Listing", "PosixSource", "S3Source", "SOURCES", "SourceChanged", "TornCopy", "already_published",
-           "check_relpath", "open_source", "publish"]
+__all__ = ["Deadline", "Listing", "PosixSource", "S3Source", "SOURCES", "SourceChanged", "SourceStalled", "TornCopy",
+           "already_published", "check_relpath", "open_source", "parallel", "publish", "reading", "within"]

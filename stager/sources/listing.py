@@ -40,10 +40,13 @@ def check_relpath(rel, where):
         The normalised relative path.
 
     Raises:
-        CatalogError: If the path is empty, absolute or climbs with ``..``.
+        CatalogError: If the path is empty, absolute, climbs with ``..`` or
+            holds a NUL byte (no file system path can).
     """
     if not rel:
         raise CatalogError(f"{where}: empty path")
+    if "\0" in rel:
+        raise CatalogError(f"{where}: path {rel!r} holds a NUL byte, which no file name can")
     if rel.startswith("/") or os.path.isabs(rel):
         raise CatalogError(f"{where}: absolute path {rel!r} not allowed; paths are relative to the dataset root")
     if ".." in rel.split("/"):

@@ -7,9 +7,11 @@ place by the readers when staging is off.
 
 import errno
 import os
+import stat
 
 from ..errors import CatalogError
 from .listing import Listing, directory_labels, first_duplicate, is_manifest_file, manifest_entries
+from .deadline import reading
 from .publish import SourceChanged, TornCopy, already_published, publish
 from .verify import check_mode, hash_file, identity
 
@@ -147,25 +149,30 @@ class PosixSource:
         """
         root = self.root
         manifest = manifest if os.path.isabs(manifest) else os.path.join(root, manifest)
-        real_root = os.path.realpath(root)
+        with reading("stat", root):
+            real_root = os.path.realpath(root)
         try:
-            with open(manifest, encoding="utf-8") as fh:
+            with reading("open", manifest), open(manifest, encoding="utf-8") as fh:
                 lines = fh.read().splitlines()
         except OSError as exc:
             raise CatalogError(f"cannot read manifest {manifest}: {exc.strerror}") from None
+        except UnicodeDecodeError as exc:
+            raise CatalogError(f"manifest {manifest} is not UTF-8 text: {exc.reason} at byte {exc.start}") from None
         paths, sizes, labels, mtimes, reals, wheres = [], [], [], [], [], []
         for where, rel, label in manifest_entries(lines, manifest):
             full = os.path.join(real_root, rel)
-            real = os.path.realpath(full)
+            with reading("stat", full):
+                real = os.path.realpath(full)
             reals.append(real)
             wheres.append(where)
             if os.path.commonpath([real, real_root]) != real_root:
                 raise CatalogError(f"{where}: {rel!r} resolves to {real}, outside the dataset root {real_root}")
             try:
-                st = os.stat(real)
+                with reading("stat", real):
+                    st = os.stat(real)
             except OSError as exc:
                 raise CatalogError(f"{where}: sample {rel!r} not readable: {exc.strerror}") from None
-            if not os.path.isfile(real):
+            if not stat.S_ISREG(st.st_mode):
                 raise CatalogError(f"{where}: sample {rel!r} is not a regular file")
             paths.append(rel)
             sizes.append(st.st_size)
@@ -197,8 +204,9 @@ class PosixSource:
                 symbolic link points outside it.
         """
         root = self.root
-        if not os.path.isdir(root):
-            raise CatalogError(f"dataset root {root} is not a directory")
+        with reading("stat", root):
+            if not os.path.isdir(root):
+                raise CatalogError(f"dataset root {root} is not a directory")
         found = list(self.walk(extensions))
         if not found:
             raise CatalogError(f"dataset at {root} has no samples"
@@ -208,7 +216,7 @@ class PosixSource:
 
     def subtrees(self):
         """The root's first-level subdirectories, sorted, hidden ones left out: the parts of a parallel scan."""
-        with os.scandir(os.path.realpath(self.root)) as entries:
+        with reading("listing", self.root), os.scandir(os.path.realpath(self.root)) as entries:
             # A linked directory is not followed by the scan either.
             return sorted(e.name for e in entries
                           if not e.name.startswith(".") and e.is_dir(follow_symlinks=False))
@@ -224,8 +232,16 @@ class PosixSource:
         Raises:
             CatalogError: If a symbolic link points outside the root.
         """
-        real_root = os.path.realpath(self.root)
-        for dirpath, dirnames, filenames in os.walk(os.path.join(real_root, top)):
+        with reading("stat", self.root):
+            real_root = os.path.realpath(self.root)
+        start = os.path.join(real_root, top)
+        tree = os.walk(start)
+        while True:
+            with reading("listing", start):  # the next directory of the walk under ``start``
+                step = next(tree, None)
+            if step is None:
+                return
+            dirpath, dirnames, filenames = step
             dirnames[:] = sorted(d for d in dirnames if not d.startswith(".")) if recurse else []
             for name in sorted(filenames):
                 if name.startswith(".") or (extensions and not name.endswith(tuple(extensions))):
@@ -234,10 +250,14 @@ class PosixSource:
                 rel = os.path.relpath(full, real_root).replace(os.sep, "/")
                 if is_manifest_file(rel):
                     continue
-                real = os.path.realpath(full)
-                if os.path.commonpath([real, real_root]) != real_root:
-                    raise CatalogError(f"{full}: symbolic link to {real}, outside the dataset root {real_root}")
-                if not os.path.isfile(real):
+                with reading("stat", full):
+                    real = os.path.realpath(full)
+                    if os.path.commonpath([real, real_root]) != real_root:
+                        raise CatalogError(f"{full}: symbolic link to {real}, outside the dataset root {real_root}")
+                    try:
+                        st = os.stat(real)
+                    except OSError:
+                        continue  # a dangling link, or no permission: not a sample, as before
+                if not stat.S_ISREG(st.st_mode):
                     continue
-                st = os.stat(real)
                 yield rel, st.st_size, st.st_mtime_ns

@@ -13,10 +13,10 @@ import shutil
 import statistics
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 from .equations import Rates
 from ...formats import make_decoder
+from ...sources.deadline import parallel, reading
 
 PROBE_FILES = 8
 
@@ -104,9 +104,10 @@ def probe(source, catalog, loader="npy", loader_options=None, files=PROBE_FILES,
     def one(index):
         # Each file in its own thread: the probe costs about one file's latency, not one per file.
         rel, size = catalog.path(index), int(catalog.sizes[index])
-        timed = _time_posix(root, rel) if root is not None else None
-        begin = time.perf_counter()
-        source.fetch(rel, size, catalog.mtime(index), scratch)
+        with reading("open", source.describe(rel)):
+            timed = _time_posix(root, rel) if root is not None else None
+            begin = time.perf_counter()
+            source.fetch(rel, size, catalog.mtime(index), scratch)
         fetched = time.perf_counter()
         decoder.decode(os.path.join(scratch, rel), index, 0)
         return timed, fetched - begin, time.perf_counter() - fetched, size
@@ -117,8 +118,8 @@ def probe(source, catalog, loader="npy", loader_options=None, files=PROBE_FILES,
     # 2-core development machine, and a pipeline also hands files between processes.
     cpu_before = _cpu_seconds()
     try:
-        with ThreadPoolExecutor(len(picks), "stager-probe") as pool:
-            results = list(pool.map(one, picks))
+        # Its threads' reads count against the caller's deadline (``sources.deadline``), where it set one.
+        results = parallel(one, picks, len(picks), "stager-probe")
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     cpu_s = (_cpu_seconds() - cpu_before) / len(picks)
