@@ -34,6 +34,7 @@ def test_manifest_with_labels(tree):
     ("cat/missing.npy", "not readable"),
     ("cat/a.npy\tnotanint", "not an integer"),
     ("cat/a.npy\t1\t2", "3 fields"),
+    ("cat/a\0.npy\t1", "holds a NUL byte, which no file name can"),
 ])
 def test_manifest_rejects_bad_lines_with_their_line_number(tree, line, message):
     write(str(tree / "list.tsv"), f"cat/b.npy\t0\n{line}\n")
