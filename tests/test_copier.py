@@ -32,12 +32,14 @@ def tiny_tmpfs(tmp_path):
 
 
 def test_full_local_disk_names_the_file_and_leaves_no_partial_copy(tmp_path, tiny_tmpfs):
+    # With staging.capacity unbounded (by name) nothing is evicted, and a full disk ends the run.
     src = tmp_path / "src"
     src.mkdir()
     for i in range(8):
         (src / f"s{i}.bin").write_bytes(bytes([i]) * 20_000)
     cfg = make_config(str(src), tiny_tmpfs, dataset={"manifest": None, "loader": "raw"},
-                      plan={"shuffle": False, "batch_size": 2}, staging={"prefetchers": 1, "keep": True})
+                      plan={"shuffle": False, "batch_size": 2},
+                      staging={"prefetchers": 1, "keep": True, "capacity": "unbounded"})  # asked not to bound it
     pipe = Pipeline(cfg, load_catalog(cfg))
     with pytest.raises(StageError) as info:
         with pipe:

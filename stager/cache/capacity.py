@@ -16,14 +16,17 @@ def parse_capacity(text):
     """Reads ``staging.capacity``.
 
     Returns:
-        None (unbounded), ``("bytes", n)`` or ``("share", fraction)``.
+        None (unbounded), ``("auto", None)`` (from the free space at start,
+        ``storage.space``), ``("bytes", n)`` or ``("share", fraction)``.
 
     Raises:
         ConfigError: For anything else, with the forms that are accepted.
     """
-    if text is None or str(text).strip() == "":
+    if text is None or str(text).strip() == "" or str(text).strip() == "unbounded":
         return None
     text = str(text)
+    if text.strip() == "auto":
+        return ("auto", None)
     share = _SHARE.match(text)
     if share:
         fraction = float(share.group(1)) / 100
@@ -32,17 +35,22 @@ def parse_capacity(text):
         return ("share", fraction)
     size = _SIZE.match(text)
     if not size or float(size.group(1)) <= 0:
-        raise ConfigError(f"staging.capacity {text!r}: expected bytes (e.g. 500000000, 500M, 200G) or a share of "
-                          "the local file system's free space (e.g. 80%)")
+        raise ConfigError(f"staging.capacity {text!r}: expected auto, unbounded, bytes (e.g. 500000000, 500M, 200G) "
+                          "or a share of the local file system's free space (e.g. 80%)")
     return ("bytes", int(float(size.group(1)) * _UNITS[size.group(2).upper()]))
 
 
 def resolve_capacity(text, directory):
-    """``staging.capacity`` in bytes for a job directory (a share of its file system's free space now), or None."""
+    """``staging.capacity`` in bytes for a job directory (a share of its file system's free space now), or None.
+
+    ``auto`` is the engine's to resolve (``storage.space.auto_capacity``), not this.
+    """
     parsed = parse_capacity(text)
     if parsed is None:
         return None
     kind, value = parsed
+    if kind == "auto":
+        raise ValueError("staging.capacity auto is resolved from the job's dataset: storage.space.auto_capacity")
     if kind == "bytes":
         return value
     st = os.statvfs(directory)

@@ -162,9 +162,11 @@ class StagingConfig:
             first minibatch is ready after a few opens, not a whole batch.
         keep: Keep the job's staging directory after the run.
         capacity: Bytes the node's job directory may hold, all its ranks
-            together: a number, ``500M``/``200G`` (powers of 1024), or
-            ``80%`` of the local file system's free space at start. None:
-            unbounded.
+            together: ``auto`` (80% of the local file system's free space
+            at start, shared by the stager jobs running there; unbounded
+            when the whole dataset fits), a number, ``500M``/``200G``
+            (powers of 1024), ``80%`` of the free space at start, or
+            ``unbounded`` (also null).
         cache_policy: Which files stay local once read, and which go when
             room is needed (``cache.policies``): ``clairvoyant``, ``lru``,
             ``fifo``, ``minio``, ``none``, ``unbounded``; ``auto`` is
@@ -193,7 +195,7 @@ class StagingConfig:
     lookahead: int = 16
     files_per_task: int = 0
     keep: bool = False
-    capacity: Optional[str] = None
+    capacity: Optional[str] = "auto"
     cache_policy: str = "auto"
     peers: str = "off"
     stall_timeout_s: float = 300.0
@@ -207,8 +209,8 @@ class StagingConfig:
 
         require(self.cache_policy == "auto" or self.cache_policy in POLICIES,
                 f"staging.cache_policy must be auto or one of {sorted(POLICIES)}, not {self.cache_policy!r}")
-        parse_capacity(self.capacity)
-        require(not (self.capacity and self.cache_policy == "unbounded"),
+        bounded = parse_capacity(self.capacity)
+        require(not (bounded and bounded[0] != "auto" and self.cache_policy == "unbounded"),
                 "staging.cache_policy 'unbounded' cannot keep to staging.capacity; choose clairvoyant, lru, fifo, "
                 "minio or none (or auto)")
         check_count(self.prefetchers, "staging.prefetchers")

@@ -15,6 +15,7 @@ other ranks where it listens; every rank starts its readers and coordinator.
 The shutdown protocol is written in ``shutdown.py``.
 """
 
+import logging
 import multiprocessing
 import multiprocessing.connection as mpc
 import queue
@@ -35,15 +36,17 @@ from .workerpool import Wake, WorkerPool, children_skip_mpi
 from .workers import reader_main
 from .. import plan as planlib
 from .. import telemetry as tm
-from ..cache import Cache, check_window, policy_name, resolve_capacity
+from ..cache import Cache, policy_name
 from ..catalog import agreed_catalog
 from ..errors import ConfigError, StageError
 from ..sources import open_source
-from ..storage import JobDir, agreed_job_id
+from ..storage import JobDir, agreed_job_id, staging_capacity
 from ..telemetry import Stats
 from ..world import agree, detect, split_leaders
 
 __all__ = ["Batch", "Pipeline"]
+
+log = logging.getLogger(__name__)
 
 
 def _more_rings(rings, count):
@@ -123,6 +126,12 @@ class Pipeline:
         pools may change while running (``telemetry.RESIZED`` events).
         """
         return self._staging.prefetchers, self._reader.workers
+
+    @property
+    def capacity(self):
+        """The node cache's capacity in bytes on its leader (``staging.capacity`` resolved), else None."""
+        service = self._ch.service
+        return service.cache.capacity if service is not None else None
 
     @property
     def closed(self):
@@ -251,9 +260,12 @@ class Pipeline:
         def start_service():
             path = self._jobdir.create()
             ranks = world.local_size if shared else 1
-            capacity = resolve_capacity(self._staging.capacity, path)
             batch_size = getattr(spec, "batch_size", self._plan_cfg.batch_size)
-            window = check_window(capacity, self.catalog.sizes, batch_size, self._ahead(), ranks)
+            capacity, ahead, window, note = staging_capacity(self._staging, path, self.catalog.sizes, batch_size,
+                                                             self._ahead(), ranks)
+            if note:
+                log.info("stager: %s", note)
+            self._fit_ahead(ahead)
             cache = Cache(self.catalog.sizes, policy_name(self._staging.cache_policy, capacity), capacity, window)
             peers = None
             if peer_link is not None:
@@ -264,16 +276,23 @@ class Pipeline:
                                         self.stats.telemetry, cache, self._on_staged, self._jobdir.keep_open(),
                                         peers, auto_limit)
             ch.client = ch.service.start(ctx)
-            return path, ch.service.address, ch.service.authkey
+            return path, ch.service.address, ch.service.authkey, ahead
 
         if not world.node_leader and not shared:
             raise StageError("a rank that is not its node's leader has no node communicator", stage="prefetch")
-        path, address, authkey = agree(
+        path, address, authkey, ahead = agree(
             world.node_comm if shared else None, start_service,
             lambda text: StageError(f"the node leader could not start staging: {text}", stage="prefetch"))
+        self._fit_ahead(ahead)  # the node's window, the same on every rank of it
         if not world.node_leader:
             ch.client = mpc.Client(address, family="AF_UNIX", authkey=authkey)
         return path
+
+    def _fit_ahead(self, ahead):
+        """Cuts this rank's look-ahead (staged and decoded ahead) to ``ahead``, the most the node cache fits."""
+        if ahead < self._ahead():
+            self._staging = replace(self._staging, lookahead=ahead)
+            self._reader = replace(self._reader, ahead=min(self._reader.ahead or 2 * self._reader.workers, ahead))
 
     def close(self):
         """Stops every worker and removes the staging directory; safe to call twice, from any thread.

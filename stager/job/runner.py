@@ -114,7 +114,7 @@ def run_job(cfg, report=None, record=None, progress=True, world=None):
         position, agreed, why = _loop(pipe, stop, compute_s, cfg.run.max_batches, recorder, bar, epochs, start,
                                       state)
         loop_end = time.monotonic()
-        if recorder and cfg.staging.capacity:  # a bounded cache's counters are worth a record
+        if recorder and pipe.capacity is not None:  # a bounded cache's counters are worth a record
             recorder.cache(pipe.stats.cache_table())
         if state and world.rank == 0 and not (cfg.plan.epochs and agreed.epoch >= cfg.plan.epochs):
             print(f"stager: stopped; the job resumes from epoch {agreed.epoch}, {agreed.consumed} samples into it "

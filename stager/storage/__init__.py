@@ -3,15 +3,18 @@
 ``basedir`` is the rule a base directory must pass; ``jobdir`` chooses,
 creates (0700, locked) and removes the job's directory; ``janitor`` removes
 it when its owner is killed; ``leftovers`` finds and removes directories
-whose job is gone (at a leader's start, ``stager clean``).
+whose job is gone (at a leader's start, ``stager clean``); ``space`` sizes
+the node cache from the free space when nobody said (``staging.capacity:
+auto``).
 
-May import: ``errors``.
+May import: ``errors``, ``cache`` (its capacity arithmetic).
 """
 
 from .basedir import check_base
 from .janitor import Janitor
 from .jobdir import LOCAL_DIR_ENV, JobDir, agreed_job_id, local_base, named_local_base
-from .leftovers import clean, sweep
+from .leftovers import clean, live_jobs, sweep
+from .space import AUTO_SHARE, auto_capacity, staging_capacity
 
-__all__ = ["Janitor", "JobDir", "LOCAL_DIR_ENV", "agreed_job_id", "check_base", "clean", "local_base",
-           "named_local_base", "sweep"]
+__all__ = ["AUTO_SHARE", "Janitor", "JobDir", "LOCAL_DIR_ENV", "agreed_job_id", "auto_capacity", "check_base",
+           "clean", "live_jobs", "local_base", "named_local_base", "staging_capacity", "sweep"]
