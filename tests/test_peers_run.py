@@ -103,3 +103,39 @@ def test_partition_without_mpi_is_refused(tmp_path):
     assert proc.returncode != 0
     assert "staging.peers is 'partition', but this run has no MPI communicator" in proc.stderr
     assert not (tmp_path / "local").exists() or os.listdir(tmp_path / "local") == []
+
+
+def test_by_default_the_shared_file_system_sees_each_file_once_even_when_it_looks_fast(tmp_path):
+    """The issue's case: 4 ranks as 2 nodes, 3 epochs, a source at 1 ms an open (faster than a peer, measured from
+    one node): counted from outside (inotify on the tree behind the emulator), each file is opened once in the job."""
+    from helpers.opens import Opens
+
+    job = write_job(tmp_path, open_ms=1)
+    with Opens(tmp_path / "data") as opens:
+        proc = mpirun(LAYOUTS["2 nodes"], ["run", job, "--quiet", "--report", str(tmp_path / "r.json"),
+                                           "--set", "staging.peers=partition", "--set", "dataset.loader=npy"],
+                      tmp_path)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        counts = opens.count()
+    catalog = Catalog.from_manifest(str(tmp_path / "data"), "manifest.tsv")
+    counts.pop("manifest.tsv", None)  # rank 0 lists the dataset once through its manifest
+    assert dict(counts) == {p: 1 for p in catalog.paths()}
+    reads = json.loads((tmp_path / "r.json").read_text())["reads"]
+    assert reads["source"]["files"] == SAMPLES and reads["source_after_peer"] == 0
+    assert reads["peers"]["files"] > 0 and reads["local"]["files"] > 0
+    assert reads["source"]["bytes"] == sum(int(s) for s in catalog.sizes)
+    assert f"reads: {SAMPLES} files" in proc.stdout
+    assert_nothing_left(tmp_path, job)
+
+
+def test_the_measured_choice_stays_available_by_name(tmp_path):
+    job = write_job(tmp_path, open_ms=1)
+    reads, staged, report = run(tmp_path, LAYOUTS["2 nodes"], job, "measured", "staging.peers=partition",
+                                "staging.peer_choice=measured")
+    catalog = Catalog.from_manifest(str(tmp_path / "data"), "manifest.tsv")
+    cfg = PlanConfig(batch_size=5, epochs=EPOCHS, seed=3)
+    for r, lines in reads.items():
+        expected = [[catalog.path(i) for i in m.indices] for m in plan.iterate(SAMPLES, cfg, rank=r, size=4)]
+        assert [line["samples"] for line in lines] == expected
+    assert report["reads"]["source"]["files"] >= SAMPLES  # what the rates chose: at least every file once
+    assert_nothing_left(tmp_path, job)

@@ -28,6 +28,12 @@ def _cmd_run(args):
     print(f"{s['mode']}{ranks}: {s['batches']} minibatches, {s['samples']} samples in {s['wall_s']:.2f} s "
           f"({s['samples_per_s']:.1f} samples/s); stalled {s['stall_s']:.2f} s ({s['stall_fraction']:.1%}); "
           f"staged {s['files_staged']} files, {s['bytes_staged'] / 1e6:.1f} MB")
+    reads = s.get("reads")
+    if reads and s["mode"] != "direct":
+        line = "; ".join(f"{reads[way]['files']} files ({reads[way]['bytes'] / 1e6:.1f} MB) {label}" for way, label in
+                         (("source", "from the source"), ("peers", "from peers"), ("local", "already local")))
+        after = reads["source_after_peer"]
+        print(f"reads: {line}" + (f"; {after} of the source's because a peer stalled or left" if after else ""))
     cache = s.get("cache") or []
     if any(e["evictions"] for e in cache):
         print("node cache: " + "; ".join(f"epoch {e['epoch']}: {e['hits']} hits, {e['misses']} misses, "

@@ -174,8 +174,14 @@ class StagingConfig:
         peers: ``off``: each node reads what it misses from the source;
             ``partition``: node leaders share their caches over MPI: a file
             is read from the source by its owner (the node that reads it in
-            the first epoch) and fetched from the owner's copy by the others
-            when that is measured to be faster.
+            the first epoch) and fetched from the owner's copy by the others.
+        peer_choice: With peers, when a file is fetched from its holder:
+            ``holder``, always (the shared file system sees each file once
+            per job; a holder that has not staged it or answered within
+            ``stall_timeout_s`` is given up on for it, and the report counts
+            those reads); ``measured``, when the measured rates say a peer
+            is faster than the source (a source that looks fast to one node
+            may still be loaded by every other).
         stall_timeout_s: Seconds a prefetcher may wait for one file (an
             open or read that does not return: a hung file system) before
             the job fails, naming the file and the prefetcher; 0 waits
@@ -198,6 +204,7 @@ class StagingConfig:
     capacity: Optional[str] = "auto"
     cache_policy: str = "auto"
     peers: str = "off"
+    peer_choice: str = "holder"
     stall_timeout_s: float = 300.0
     verify: str = "size"
 
@@ -217,6 +224,8 @@ class StagingConfig:
         require(self.lookahead >= 1, "staging.lookahead must be at least 1")
         require(self.files_per_task >= 0, "staging.files_per_task must be 0 (automatic) or more")
         require(self.peers in ("off", "partition"), f"staging.peers must be 'off' or 'partition', not {self.peers!r}")
+        require(self.peer_choice in ("holder", "measured"),
+                f"staging.peer_choice must be 'holder' or 'measured', not {self.peer_choice!r}")
         require(self.stall_timeout_s >= 0, "staging.stall_timeout_s must be 0 (wait without end) or more seconds")
 
 

@@ -108,7 +108,8 @@ class Staged:
     file, copied like any other), ``NO_SPACE`` for one the
     local file system had no room for (the service makes room and retries).
     ``route`` says where the bytes came from: ``source`` (the shared file
-    system) or ``peer`` (another node leader's copy).
+    system), ``peer`` (another node leader's copy) or ``fallback`` (the
+    shared file system, because the leader holding the file stalled or left).
     """
 
     task: int

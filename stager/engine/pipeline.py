@@ -270,7 +270,7 @@ class Pipeline:
             peers = None
             if peer_link is not None:
                 peers = node_peers(peer_link, spec, self.catalog, source, path, self._staging.prefetchers,
-                                   self.stats.telemetry)
+                                   self.stats.telemetry, self._staging.peer_choice, self._staging.stall_timeout_s)
                 peers.keep_in(cache)
             ch.service = StagingService(self._staging, self._processes, self.catalog, source, path, ranks - 1,
                                         self.stats.telemetry, cache, self._on_staged, self._jobdir.keep_open(),

@@ -165,6 +165,7 @@ class ServiceLoop:
         files = np.unique(msg.indices)
         missing, pending = cache.pin(files)
         self.s.telemetry.record(tm.REQUEST, msg.epoch, len(files) - len(missing), len(missing))
+        self.s.telemetry.record(tm.LOCAL, msg.epoch, int(cache.sizes[files].sum() - cache.sizes[missing].sum()))
         request = _Request(conn, msg, files, missing, len(pending))
         self.requests[(conn, msg.seq)] = request
         for index in pending.tolist():
@@ -269,7 +270,7 @@ class ServiceLoop:
         telemetry, cache = self.s.telemetry, self.cache
         if msg.task in self.task_time:
             self.task_time[msg.task] = msg.seconds
-        if msg.route != "peer":
+        if msg.route == "source":  # a prefetcher's task (the peer fetchers' are not on the deadline queue)
             self.deadlines.done(msg.task)
             self.deadlines.feed(self.s.pool.size)
             if self.s.resizer is not None:
@@ -288,6 +289,8 @@ class ServiceLoop:
                 telemetry.record(tm.PEER, index, nbytes, msg.epoch)
             else:
                 telemetry.record(tm.STAGED, index, nbytes, msg.epoch)
+                if msg.route == "fallback":
+                    telemetry.record(tm.FALLBACK, index, nbytes, msg.epoch)
                 if nbytes != PRESENT and on_staged is not None:  # an empty file is a file staged
                     on_staged(self.catalog.path(index), nbytes, msg.epoch)
             for request in self.waiting.pop(index, ()):

@@ -47,6 +47,24 @@ def combine_cache(tables):
     return [epochs[e] for e in sorted(epochs)]
 
 
+def read_totals(table):
+    """Where a job's files came from, over the epochs of a cache table (``combine_cache``'s or a node's).
+
+    Returns:
+        ``{"source": {"files", "bytes"}, "peers": {...}, "local": {...},
+        "source_after_peer": files}``: read from the shared file system (of
+        which ``source_after_peer`` because the node holding them stalled or
+        left), fetched from other nodes' copies, found already here.
+    """
+    def total(key):
+        return sum(row.get(key, 0) for row in table)
+
+    return {"source": {"files": total("files_from_source"), "bytes": total("bytes_from_source")},
+            "peers": {"files": total("files_from_peers"), "bytes": total("bytes_from_peers")},
+            "local": {"files": total("hits"), "bytes": total("bytes_local")},
+            "source_after_peer": total("files_after_peer")}
+
+
 def combine_ranks(summaries):
     """Job totals from every rank's summary (gathered on rank 0)."""
     first = summaries[0]
@@ -64,6 +82,7 @@ def combine_ranks(summaries):
     # Only node leaders have cache counters: one table per node, and the job's per epoch.
     total["node_cache"] = {s["node"]: s["cache"] for s in summaries if s["cache"]}
     total["cache"] = combine_cache(total["node_cache"].values())
+    total["reads"] = read_totals(total["cache"])
     return total
 
 
@@ -83,6 +102,7 @@ def job_summary(world, summary):
     else:
         records = [summary.pop("accounting")]
         total = summary
+        total["reads"] = read_totals(total.get("cache") or [])
     total["report_version"] = REPORT_VERSION
     total["first_batch_s"] = max(r["first_batch_s"] for r in records)
     total["steady_stall_fraction"] = max(r["steady_stall_fraction"] for r in records)

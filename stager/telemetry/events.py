@@ -26,6 +26,8 @@ kind           a                    b                   value
 ``SERVED``     catalog index        bytes (0: missing)  the asking peer's epoch
 ``FINISHED``   minibatches consumed  0                  seconds the consumer waited
 ``RESIZED``    0 prefetch, 1 read   the pool's new size  measured seconds per item
+``LOCAL``      epoch                bytes local (hits)  0
+``FALLBACK``   catalog index        bytes               epoch (read from the source: its holder stalled)
 =============  ===================  ==================  ==========================
 
 ``FINISHED`` is the ``next()`` that found the plan's end: with the
@@ -38,12 +40,12 @@ import time
 from array import array
 
 NEEDED, QUEUED, STAGED, TASK, READY, READ, DELIVERED, CONSUMED, REQUEST, EVICTED, USAGE, PEER, SERVED, \
-    FINISHED, RESIZED = range(15)
+    FINISHED, RESIZED, LOCAL, FALLBACK = range(17)
 # What a ``STAGED`` event's bytes (and a prefetcher's ``Staged.done``) may hold besides a count:
 NO_SPACE = -1  # the local file system was full; nothing was published
 PRESENT = -2  # a matching copy was already there; nothing was copied
 KINDS = ("needed", "queued", "staged", "task", "ready", "read", "delivered", "consumed", "request", "evicted",
-         "usage", "peer", "served", "finished", "resized")
+         "usage", "peer", "served", "finished", "resized", "local", "fallback")
 
 
 class _Columns:

@@ -87,6 +87,10 @@ class Stats:
                 epoch = self._epoch(a)
                 epoch["hits"] += b
                 epoch["misses"] += int(value)
+            elif kind == tm.LOCAL:
+                self._epoch(a)["bytes_local"] += b
+            elif kind == tm.FALLBACK:
+                self._epoch(int(value))["files_after_peer"] += 1
             elif kind == tm.EVICTED:
                 epoch = self._epoch(int(value))
                 epoch["evictions"] += 1
@@ -101,9 +105,10 @@ class Stats:
 
     def _epoch(self, epoch):
         if epoch not in self.cache:
-            self.cache[epoch] = dict.fromkeys(("hits", "misses", "files_from_source", "bytes_from_source",
-                                               "evictions", "bytes_evicted", "peak_bytes", "files_from_peers",
-                                               "bytes_from_peers", "files_to_peers", "bytes_to_peers"), 0)
+            self.cache[epoch] = dict.fromkeys(("hits", "bytes_local", "misses", "files_from_source",
+                                               "bytes_from_source", "files_after_peer", "evictions", "bytes_evicted",
+                                               "peak_bytes", "files_from_peers", "bytes_from_peers", "files_to_peers",
+                                               "bytes_to_peers"), 0)
         return self.cache[epoch]
 
     def cache_table(self):

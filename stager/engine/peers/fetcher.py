@@ -7,9 +7,13 @@ one holder for a minibatch's files it holds, in one message; what arrives is pub
 rename). A holder that owns the file but has not staged it yet says so, and
 the thread asks again a little later (the owner is the one that reads it
 from the shared file system); a holder without a copy says so, and the
-thread reads the file from the shared file system instead. Either way the
-service gets a ``Staged`` per way the files came, and how long that took
-(waits for pending files left out: they say nothing about the rates).
+thread reads the file from the shared file system instead. A holder that
+has not staged a file within ``wait_s``, or does not answer at all, is given
+up on for those files (``fallback``: read from the shared file system, and
+counted); one that did not answer is asked nothing more in this job, so no
+late answer of it is ever taken for another's. Either way the service gets
+a ``Staged`` per way the files came, and how long that took (waits for
+pending files left out: they say nothing about the rates).
 """
 
 import errno
@@ -22,6 +26,7 @@ import time
 
 from .protocol import FIRST_REPLY_TAG, MISSING, PENDING, REPLY_TAGS, Ask, PeerTimeout, ask_for, receive, write_all
 from ..messages import Failure, Staged
+from ...sources.deadline import within
 from ...sources.publish import already_published, publish
 from ...telemetry import NO_SPACE, PRESENT
 
@@ -36,11 +41,16 @@ class PeerFetcher:
         source: The ``Source`` to fall back to.
         root: The job's node-local directory.
         threads: Fetches that may run at once.
-        timeout_s: How long a holder may take to answer.
+        timeout_s: How long a holder may take to answer, or to stage a file
+            it owns (``staging.stall_timeout_s``); then the source is read.
+
+    Attributes:
+        silent: Holders that did not answer in time: asked nothing more in this job.
     """
 
     def __init__(self, comm, source, root, threads, timeout_s):
         self.comm, self.source, self.root, self.timeout_s = comm, source, root, timeout_s
+        self.silent = set()
         self.tasks = queue.Queue()
         self.conn, self._reply = multiprocessing.Pipe(duplex=False)
         self._send_lock = threading.Lock()
@@ -79,32 +89,46 @@ class PeerFetcher:
         todo = [f for f in task.files if not already_published(self.root, f[1], f[2], f[3])]
         deadline = time.monotonic() + self.timeout_s
         pause = 0.002
-        fallback = []
+        missing, late = [], []
+        if task.owner in self.silent:  # it did not answer an earlier task: its late answers are never taken
+            late, todo = todo, []
         while todo:
             start = time.perf_counter()
             tag = FIRST_REPLY_TAG + next(self._tags) % REPLY_TAGS
-            ask_for(self.comm, task.owner, Ask([f[:3] for f in todo], task.epoch, tag), self.timeout_s)
-            done, pending = [], []
-            for f in todo:
-                outcome = self._receive(task.owner, tag, f, max(deadline - time.monotonic(), 0.0))
-                if outcome == PENDING:
-                    pending.append(f)
-                elif outcome == MISSING:
-                    fallback.append(f)
-                else:
-                    done.append((f[0], outcome))
+            done, pending, answered = [], [], 0
+            try:
+                ask_for(self.comm, task.owner, Ask([f[:3] for f in todo], task.epoch, tag), self.timeout_s)
+                for f in todo:  # the answers come in the order asked
+                    outcome = self._receive(task.owner, tag, f, max(deadline - time.monotonic(), 0.0))
+                    answered += 1
+                    if outcome == PENDING:
+                        pending.append(f)
+                    elif outcome == MISSING:
+                        missing.append(f)
+                    else:
+                        done.append((f[0], outcome))
+            except PeerTimeout as exc:
+                log.warning("stager: node leader %s does not answer (%s): reading its files from the source from "
+                            "now on", task.owner, exc)
+                self.silent.add(task.owner)
+                late += pending + todo[answered:]
+                pending = []
             if done:
                 yield "peer", done, time.perf_counter() - start
             todo = pending
             if todo:  # the owner reads them in its first epoch: ask again rather than read them twice
                 if time.monotonic() > deadline:
-                    raise PeerTimeout(f"node leader {task.owner} still has not staged {todo[0][1]}")
+                    log.warning("stager: node leader %s has not staged %s within %g s: reading %d file(s) from the "
+                                "source", task.owner, todo[0][1], self.timeout_s, len(todo))
+                    late += todo
+                    break
                 time.sleep(pause)
                 pause = min(2 * pause, 0.05)
-        if fallback:
-            start = time.perf_counter()
-            done = [(index, self._from_source(rel, size, mtime_ns)) for index, rel, size, mtime_ns in fallback]
-            yield "source", done, time.perf_counter() - start
+        for route, files in (("source", missing), ("fallback", late)):
+            if files:
+                start = time.perf_counter()
+                done = [(index, self._from_source(rel, size, mtime_ns)) for index, rel, size, mtime_ns in files]
+                yield route, done, time.perf_counter() - start
 
     def _receive(self, owner, tag, file, timeout_s):
         """One file of an answer, published; its bytes, ``NO_SPACE``, ``PENDING`` or ``MISSING`` (also when cut)."""
@@ -133,7 +157,8 @@ class PeerFetcher:
 
     def _from_source(self, rel, size, mtime_ns):
         try:
-            fetched = self.source.fetch(rel, size, mtime_ns, self.root)
+            # The read has the stall limit as every read of the source does (``sources.deadline``).
+            fetched = within(self.timeout_s, self.source.fetch, rel, size, mtime_ns, self.root)
             return PRESENT if fetched is None else fetched
         except OSError as exc:
             if exc.errno != errno.ENOSPC:

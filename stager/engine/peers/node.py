@@ -27,17 +27,23 @@ class Peers:
         root: The job's node-local directory.
         threads: Fetch threads (the number of prefetchers).
         telemetry: The leader pipeline's ``Telemetry``.
+        choice: ``staging.peer_choice``: ``holder`` (a file another node
+            holds is always asked of it) or ``measured`` (of whichever way
+            the measured rates say is faster).
+        wait_s: How long a holder may take (``staging.stall_timeout_s``; 0:
+            ``TIMEOUT_S``); then the source is read, and counted.
 
     Attributes:
         model: The measured rates of both ways (``RateModel``).
     """
 
-    def __init__(self, comm, owners, source, root, threads, telemetry):
+    def __init__(self, comm, owners, source, root, threads, telemetry, choice="holder", wait_s=TIMEOUT_S):
         self.comm, self.me, self.owners = comm, comm.Get_rank(), owners
+        self.choice = choice
         self.model = RateModel()
         self.cache = None
         self.server = PeerServer(comm, root, telemetry, TIMEOUT_S, self._to_come)
-        self.fetcher = PeerFetcher(comm, source, root, threads, TIMEOUT_S)
+        self.fetcher = PeerFetcher(comm, source, root, threads, wait_s or TIMEOUT_S)
         self.fetcher_sizes = []
 
     @property
@@ -61,13 +67,18 @@ class Peers:
     def route(self, indices, sizes):
         """Splits files to fetch into ``(from their holders, from the shared file system)``.
 
-        A file goes to its holder when another node owns it and the model
-        expects that to be faster than opening it on the shared file system.
+        A file another node owns goes to that node (with ``measured``, when
+        the model expects that to be faster than opening it on the shared
+        file system), unless that node stopped answering.
         """
         owners = self.owners[indices]
         elsewhere = (owners != NO_OWNER) & (owners != self.me)
-        ask = np.zeros(len(indices), dtype=bool)
-        if elsewhere.any():
+        if self.fetcher.silent:
+            elsewhere &= ~np.isin(owners, list(self.fetcher.silent))
+        if self.choice == "holder" or not elsewhere.any():
+            ask = elsewhere
+        else:
+            ask = np.zeros(len(indices), dtype=bool)
             ask[elsewhere] = self.model.peer_faster(sizes[elsewhere])
         return indices[ask], indices[~ask]
 
