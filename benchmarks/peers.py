@@ -5,7 +5,11 @@ each (``STAGER_NODE_ID``) on the slow file system emulator, for several
 epochs, with ``staging.peers`` off and ``partition``, at two capacities per
 node: "100%" is the node's share of the dataset (its aggregate over the nodes
 is the dataset) plus the look-ahead window, "50%" half that share plus the
-window. Records per epoch the files and bytes read from the source and from
+window. ``partition`` runs with the default choice (``staging.peer_choice:
+holder``) and, as ``measured``, with the rate-based one. Then the same three
+at 100% beside a second job hammering the same source (``--hammer``
+threads opening and reading its files in a loop, as another job's loaders
+would). Records per epoch the files and bytes read from the source and from
 peers, and the job's wall time.
 
     .venv/bin/python benchmarks/peers.py --json docs/peers.json --plot docs/bench-peers.png
@@ -27,8 +31,24 @@ from stager.catalog import Catalog
 from stager.job.synth import MANIFEST, make_dataset
 from stager.slowfs import SlowFS
 
-MODES = ("off", "partition")
+MODES = {"off": ["staging.peers='off'"], "partition": ["staging.peers=partition"],
+         "measured": ["staging.peers=partition", "staging.peer_choice=measured"]}
 SHARES = (1.0, 0.5)
+HAMMER = """
+import os, random, sys, threading
+root, stop = sys.argv[1], threading.Event()
+files = [os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs]
+def loop(seed):
+    rng = random.Random(seed)
+    while not stop.is_set():
+        with open(rng.choice(files), "rb") as fh:
+            fh.read()
+threads = [threading.Thread(target=loop, args=(i,), daemon=True) for i in range(int(sys.argv[2]))]
+for t in threads:
+    t.start()
+sys.stdin.read()  # until the benchmark closes our stdin
+stop.set()
+"""
 
 
 def run_job(cfg_path, nodes, sets, tmp):
@@ -66,6 +86,7 @@ def main():
                 "readers": 1, "batch-size": 16}
     for name, default in defaults.items():
         ap.add_argument(f"--{name}", type=type(default), default=default)
+    ap.add_argument("--hammer", type=int, default=8, help="threads of the second job reading the source")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--plot", help="write the plot here (PNG)")
     opts = ap.parse_args()
@@ -86,18 +107,24 @@ def main():
                            "plan": {"batch_size": opts.batch_size, "epochs": opts.epochs, "seed": 1},
                            "staging": {"local_dir": local, "prefetchers": opts.prefetchers, "lookahead": 2},
                            "reader": {"workers": opts.readers, "ahead": 2}}, fh)
-            for fraction in SHARES:
+            for fraction, hammer in [(s, 0) for s in SHARES] + [(1.0, opts.hammer)]:
                 capacity = int(fraction * share) + window
-                for mode in MODES:
-                    r = run_job(cfg_path, opts.nodes, [f"staging.capacity={capacity}", f"staging.peers='{mode}'"],
-                                work)
+                for mode, sets in MODES.items():
+                    other = (subprocess.Popen([sys.executable, "-c", HAMMER, mnt, str(hammer)], stdin=subprocess.PIPE)
+                             if hammer else None)
+                    try:
+                        r = run_job(cfg_path, opts.nodes, [f"staging.capacity={capacity}", *sets], work)
+                    finally:
+                        if other is not None:
+                            other.stdin.close()
+                            other.wait(timeout=60)
                     shutil.rmtree(local, ignore_errors=True)
-                    rows.append({"share": fraction, "mode": mode, "capacity": capacity,
+                    rows.append({"share": fraction, "mode": mode, "capacity": capacity, "hammer": hammer,
                                  "files_from_source": [e["files_from_source"] for e in r["cache"]],
                                  "bytes_from_source": [e["bytes_from_source"] for e in r["cache"]],
                                  "files_from_peers": [e["files_from_peers"] for e in r["cache"]],
                                  "wall_s": r["outside_wall_s"]})
-                    print(f"{fraction:4.0%} {mode:9s} files from source {rows[-1]['files_from_source']} from peers "
+                    print(f"{fraction:4.0%} {mode:9s} hammer {hammer} files from source {rows[-1]['files_from_source']} from peers "
                           f"{rows[-1]['files_from_peers']} wall {r['outside_wall_s']:.2f} s", file=sys.stderr)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -116,8 +143,8 @@ def plot(result, path):
     import matplotlib.pyplot as plt
 
     rows = result["rows"]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4.2))
-    labels = [f"{r['mode']}\n{r['share']:.0%}" for r in rows]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.2))
+    labels = [f"{r['mode']}\n{r['share']:.0%}" + ("\n+job" if r.get("hammer") else "") for r in rows]
     bottom = [0.0] * len(rows)
     for epoch in range(result["options"]["epochs"]):
         mb = [r["bytes_from_source"][epoch] / 1e6 if epoch < len(r["bytes_from_source"]) else 0 for r in rows]
@@ -142,17 +169,22 @@ def markdown(result, args):
              f"{opts['epochs']} epochs, {opts['nodes']} emulated nodes of one rank, {opts['open_ms']:g} ms per "
              f"open, {opts['prefetchers']} prefetchers and {opts['readers']} reader(s) per node, batch "
              f"{opts['batch_size']}.", "",
-             "| capacity | peers | files from the source per epoch | MB from the source | files from peers per epoch "
-             "| wall (s) |", "|---|---|---|---|---|---|"]
+             "| capacity | beside | peers | files from the source per epoch | MB from the source | files from peers per "
+             "epoch | wall (s) |", "|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['share']:.0%} | {r['mode']} | {' / '.join(map(str, r['files_from_source']))} | "
+        beside = f"a job of {r['hammer']} readers" if r.get("hammer") else "-"
+        lines.append(f"| {r['share']:.0%} | {beside} | {r['mode']} | {' / '.join(map(str, r['files_from_source']))} | "
                      f"{sum(r['bytes_from_source']) / 1e6:.1f} | {' / '.join(map(str, r['files_from_peers']))} | "
                      f"{r['wall_s']:.2f} |")
-    for share in SHARES:
-        off, on = (next(r for r in rows if r["share"] == share and r["mode"] == m) for m in MODES)
-        lines.append(f"\nAt {share:.0%}: partition reads {sum(on['bytes_from_source']) / result['dataset_bytes']:.2f}"
-                     f"x the dataset from the source (off: {sum(off['bytes_from_source']) / result['dataset_bytes']:.2f}"
-                     f"x); time partition / off = {on['wall_s'] / off['wall_s']:.2f}.")
+    for share, hammer in [(s, 0) for s in SHARES] + [(1.0, opts["hammer"])]:
+        got = {m: next(r for r in rows if r["share"] == share and r.get("hammer", 0) == hammer and r["mode"] == m)
+               for m in MODES}
+        times = lambda m: sum(got[m]["bytes_from_source"]) / result["dataset_bytes"]  # noqa: E731
+        lines.append(f"\nAt {share:.0%}{' beside the other job' if hammer else ''}: the dataset read "
+                     f"{times('partition'):.2f}x from the source with partition, {times('measured'):.2f}x with "
+                     f"measured, {times('off'):.2f}x off; time partition / off = "
+                     f"{got['partition']['wall_s'] / got['off']['wall_s']:.2f}, measured / off = "
+                     f"{got['measured']['wall_s'] / got['off']['wall_s']:.2f}.")
     return "\n".join(lines)
 
 

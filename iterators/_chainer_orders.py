@@ -170,6 +170,25 @@ class OrderBook:
         begin = boundary - ((boundary - self.anchor) % span or span)
         return max(0, begin - (epoch - 1) * length) // self.size
 
+    def copy(self):
+        """An independent book at the same place, as ``copy.copy`` of a Chainer iterator would give.
+
+        The sampler is copied (through pickle) so that the copy draws its own
+        orders; one that cannot be pickled (a lambda, a closure) is shared,
+        as Chainer's iterators share theirs when copied.
+        """
+        with self._lock:
+            state = dict(self.__dict__)
+            state["_orders"] = {epoch: order.copy() for epoch, order in self._orders.items()}
+            try:
+                state["sampler"] = pickle.loads(pickle.dumps(self.sampler))
+            except (pickle.PicklingError, AttributeError, TypeError):
+                pass  # shared: Chainer's copy.copy shares it too
+        other = OrderBook.__new__(OrderBook)
+        other.__dict__.update(state)
+        other._lock = threading.Lock()
+        return other
+
     def __getstate__(self):
         with self._lock:
             state = dict(self.__dict__)

@@ -10,7 +10,6 @@ share of every global minibatch, so ChainerMN users need no
 ``scatter_dataset``.
 """
 
-import copy
 import warnings
 import weakref
 
@@ -255,7 +254,7 @@ class StagingIterator(_chainer.dataset.Iterator):
     def __copy__(self):
         other = self.__class__.__new__(self.__class__)
         state = self.__getstate__()
-        state["_orders"] = copy.deepcopy(self._orders)  # the copy draws its own orders
+        state["_orders"] = self._orders.copy()  # the copy draws its own orders (a lambda sampler is shared)
         other.__setstate__(state)
         return other
 

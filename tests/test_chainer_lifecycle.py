@@ -243,6 +243,46 @@ def test_a_copy_is_an_independent_iterator_at_the_same_position(cfg):
             assert all(same_batch(it.next(), batch) for batch in ahead)
 
 
+def test_a_copy_with_a_lambda_sampler_works_as_chainers_does(cfg, examples):
+    # Chainer's iterators copy whatever callable samples their order; a lambda cannot be pickled.
+    draw = np.random.RandomState(3)
+    theirs = copy.copy(chainer.iterators.SerialIterator(examples, 8, order_sampler=lambda o, p: draw.permutation(len(o))))
+    assert theirs.next()
+    with StagingIterator(cfg, 8, order_sampler=lambda order, position: np.random.permutation(len(order))) as it:
+        it.next()
+        other = copy.copy(it)
+        with other:
+            assert other.current_position == it.current_position == 8
+            assert len(other.next()) == 8 and len(it.next()) == 8
+
+
+class SlowImages(chainer.datasets.LabeledImageDataset):
+    """Chainer's own image dataset whose ``get_example`` stalls (a slow decode), for ``dataset_timeout``."""
+
+    def get_example(self, i):
+        import time
+        time.sleep(0.5)  # stands in for a stalled decode, not a wait for an event
+        return super().get_example(i)
+
+
+def test_a_dataset_whose_get_example_stalls_warns_as_multiprocess_iterator_does(tmp_path):
+    from PIL import Image
+
+    pairs, images = [], tmp_path / "images"
+    images.mkdir()
+    for i in range(4):
+        Image.fromarray(np.full((6, 6, 3), i * 40, np.uint8)).save(images / f"{i}.png")
+        pairs.append((f"{i}.png", i))
+    dataset = SlowImages(pairs, str(images))
+    with StagingIterator(dataset, 4, shuffle=False, dataset_timeout=0.1, n_processes=1,
+                         config={"staging": {"local_dir": str(tmp_path / "local")}}) as it:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            batch = it.next()
+    assert [int(label) for _, label in batch] == [0, 1, 2, 3]
+    assert [w for w in caught if issubclass(w.category, chainer.iterators.MultiprocessIterator.TimeoutWarning)]
+
+
 # TimeoutWarning (issue point 6) --------------------------------------------
 
 @pytest.fixture
