@@ -9,6 +9,8 @@ imported only when this order is used.
 
 import numpy as np
 
+from . import whole
+
 MATERIALISES = True
 
 
@@ -23,12 +25,9 @@ def permutation(n, seed, epoch):
 
 def forward(n, seed, epoch):
     """Positions to samples, through the materialised permutation."""
-    return permutation(n, seed, epoch).take
+    return whole.forward(permutation(n, seed, epoch))
 
 
 def inverse(n, seed, epoch):
     """Samples to positions, through the materialised inverse permutation."""
-    perm = permutation(n, seed, epoch)
-    where = np.empty(n, dtype=np.int64)
-    where[perm] = np.arange(n, dtype=np.int64)
-    return where.take
+    return whole.inverse(permutation(n, seed, epoch))
