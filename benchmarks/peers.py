@@ -35,19 +35,22 @@ MODES = {"off": ["staging.peers='off'"], "partition": ["staging.peers=partition"
          "measured": ["staging.peers=partition", "staging.peer_choice=measured"]}
 SHARES = (1.0, 0.5)
 HAMMER = """
-import os, random, sys, threading
-root, stop = sys.argv[1], threading.Event()
+import os, random, sys, threading, time
+root, stop, done = sys.argv[1], threading.Event(), [0]
 files = [os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs]
 def loop(seed):
     rng = random.Random(seed)
     while not stop.is_set():
         with open(rng.choice(files), "rb") as fh:
             fh.read()
+        done[0] += 1
 threads = [threading.Thread(target=loop, args=(i,), daemon=True) for i in range(int(sys.argv[2]))]
+begin = time.perf_counter()
 for t in threads:
     t.start()
 sys.stdin.read()  # until the benchmark closes our stdin
 stop.set()
+print(done[0] / (time.perf_counter() - begin))  # the other job's files read per second meanwhile
 """
 
 
@@ -110,16 +113,18 @@ def main():
             for fraction, hammer in [(s, 0) for s in SHARES] + [(1.0, opts.hammer)]:
                 capacity = int(fraction * share) + window
                 for mode, sets in MODES.items():
-                    other = (subprocess.Popen([sys.executable, "-c", HAMMER, mnt, str(hammer)], stdin=subprocess.PIPE)
-                             if hammer else None)
+                    other = (subprocess.Popen([sys.executable, "-c", HAMMER, mnt, str(hammer)], stdin=subprocess.PIPE,
+                                              stdout=subprocess.PIPE, text=True) if hammer else None)
+                    other_rate = None
                     try:
                         r = run_job(cfg_path, opts.nodes, [f"staging.capacity={capacity}", *sets], work)
                     finally:
                         if other is not None:
-                            other.stdin.close()
-                            other.wait(timeout=60)
+                            out, _ = other.communicate("", timeout=60)
+                            other_rate = float(out.split()[-1]) if out.split() else None
                     shutil.rmtree(local, ignore_errors=True)
                     rows.append({"share": fraction, "mode": mode, "capacity": capacity, "hammer": hammer,
+                                 "other_files_per_s": other_rate,
                                  "files_from_source": [e["files_from_source"] for e in r["cache"]],
                                  "bytes_from_source": [e["bytes_from_source"] for e in r["cache"]],
                                  "files_from_peers": [e["files_from_peers"] for e in r["cache"]],
@@ -170,12 +175,13 @@ def markdown(result, args):
              f"open, {opts['prefetchers']} prefetchers and {opts['readers']} reader(s) per node, batch "
              f"{opts['batch_size']}.", "",
              "| capacity | beside | peers | files from the source per epoch | MB from the source | files from peers per "
-             "epoch | wall (s) |", "|---|---|---|---|---|---|---|"]
+             "epoch | wall (s) | the other job's files/s |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         beside = f"a job of {r['hammer']} readers" if r.get("hammer") else "-"
+        other = f"{r['other_files_per_s']:.0f}" if r.get("other_files_per_s") else "-"
         lines.append(f"| {r['share']:.0%} | {beside} | {r['mode']} | {' / '.join(map(str, r['files_from_source']))} | "
                      f"{sum(r['bytes_from_source']) / 1e6:.1f} | {' / '.join(map(str, r['files_from_peers']))} | "
-                     f"{r['wall_s']:.2f} |")
+                     f"{r['wall_s']:.2f} | {other} |")
     for share, hammer in [(s, 0) for s in SHARES] + [(1.0, opts["hammer"])]:
         got = {m: next(r for r in rows if r["share"] == share and r.get("hammer", 0) == hammer and r["mode"] == m)
                for m in MODES}
