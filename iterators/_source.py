@@ -17,7 +17,7 @@ def resolve(config, world=None, catalog=None, overrides=None, build=None):
             mapped from ``dataset.catalog`` (``stager.catalog.agreed_catalog``).
         overrides: Nested dictionaries applied on top of ``config``.
         build: Callable returning the ``Catalog``, run on rank 0 when
-            ``catalog`` is None; default: ``Catalog.load(config.dataset)``.
+            ``catalog`` is None; default: ``stager.catalog.load_catalog(config.dataset)``.
     """
     if isinstance(config, Catalog):
         catalog, config = config, config_from_dict({"dataset": {"source": config.root}})

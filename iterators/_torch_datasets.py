@@ -8,7 +8,9 @@ file behind each index and build the sample from a (staged) copy of it:
   dataset's own ``__getitem__(i)`` returns on a shallow copy whose
   ``samples[i]`` names the staged file (so its ``loader``, ``transform``,
   ``target_transform`` and any override of ``__getitem__`` apply);
-- any map-style dataset with the two methods of the protocol below;
+- any map-style dataset with the two methods of the protocol below (samples
+  that name the same file are packed in it: the file is staged once for
+  all of them, as for ``ShardDataset``'s tar shards and HDF5 containers);
 - ``Subset`` and ``ConcatDataset`` of those, nested as deep as you like.
 
 The protocol, for datasets of your own::
@@ -36,7 +38,8 @@ import numpy as np
 import torch
 from torch.utils.data import ConcatDataset, Dataset, IterableDataset, Subset
 
-from stager import Catalog
+from stager import Catalog, ShardCatalog
+from stager.formats.shards import ShardLayout
 from stager.formats import SampleDecoder
 from stager.sources import check_relpath, parallel, reading
 
@@ -148,9 +151,24 @@ class TorchFiles:
                 raise FileNotFoundError(f"{self.name} sample {i}: cannot read {path}: {st.strerror}")
             if not stat.S_ISREG(st.st_mode):
                 raise FileNotFoundError(f"{self.name} sample {i}: {path} is not a regular file")
+        if len(distinct) < len(self.rels):
+            return self._packed(distinct, found)
         sizes = [found[rel].st_size for rel in self.rels]
         mtimes = [found[rel].st_mtime_ns for rel in self.rels]
         return Catalog.from_paths(self.root, self.rels, sizes, None, mtimes)
+
+    def _packed(self, distinct, found):
+        """Samples that share files (packed in containers): the files' catalog, and which file each sample is in."""
+        files = Catalog.from_paths(self.root, distinct, [found[rel].st_size for rel in distinct], None,
+                                   [found[rel].st_mtime_ns for rel in distinct])
+        number = {rel: k for k, rel in enumerate(distinct)}
+        file_of = np.array([number[rel] for rel in self.rels], dtype=np.int64)
+        return ShardCatalog(files, ShardLayout("custom", file_of, np.arange(len(file_of), dtype=np.int64), ()))
+
+    def shard_window(self):
+        """The ``shards`` shuffle's window when every dataset inside packs its samples (``ShardDataset``), else None."""
+        windows = [getattr(dataset, "stager_window", None) for _, dataset in self.leaves]
+        return max(windows) if windows and None not in windows else None
 
     def decoder(self, seed, worker_init_fn=None, dataset=None):
         """The ``SampleDecoder`` stager's readers run (picklable when the datasets are)."""

@@ -13,7 +13,8 @@ share of every global minibatch, so ChainerMN users need no
 import warnings
 import weakref
 
-from stager import Catalog, Pipeline
+from stager import Catalog, Pipeline, ShardCatalog
+from stager import plan as planlib
 from stager.config import Config
 from stager.world import detect
 
@@ -88,7 +89,7 @@ class StagingIterator(_chainer.dataset.Iterator):
             if config is not None:
                 raise TypeError("config= gives the staging settings of a Chainer dataset or Catalog; "
                                 "here the dataset argument is itself a config")
-        elif isinstance(dataset, Catalog):
+        elif isinstance(dataset, (Catalog, ShardCatalog)):
             if config is not None:
                 dataset, catalog = _with_source(config, dataset.root), dataset
         else:
@@ -104,7 +105,7 @@ class StagingIterator(_chainer.dataset.Iterator):
         self.dataset_timeout = dataset_timeout
         p = self.config.plan
         self._orders = OrderBook(len(self.catalog), batch_size, self.shuffle, order_sampler, p.seed,
-                                 self.world.size, p.remainder, p.shuffle_algorithm)
+                                 self.world.size, p.remainder, planlib.bound_shuffle(p, self.catalog.containers))
         self.reset()
 
     # Protocol -------------------------------------------------------------

@@ -35,6 +35,9 @@ from stager.world import agree, detect
 from ._source import resolve
 from ._torch_args import draw_seed, loader_plan, process_settings
 from ._torch_datasets import TorchFiles
+from ._torch_shards import ShardDataset
+
+__all__ = ["ShardDataset", "StagedLoader"]
 
 CONFIG_ENV = "STAGER_CONFIG"  # a YAML file of site defaults (local directory, capacity, prefetchers, peers)
 
@@ -155,6 +158,9 @@ class StagedLoader(IterableDataset):
                             self.generator, world)
         self._sampler = order.sampler
         plan = dict(order.plan)
+        window = files.shard_window()
+        if window is not None and self.sampler is None and plan.get("shuffle"):
+            plan.update(shuffle_algorithm="shards", shard_window=window)  # shard by shard, as sharded loaders read
         if "seed" not in plan:
             mine = draw_seed(order, self.generator, self.sampler)
             plan["seed"] = agree(world.comm, lambda: mine, lambda text: RuntimeError(text))

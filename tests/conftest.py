@@ -12,7 +12,7 @@ import tempfile
 import numpy as np
 import pytest
 
-from stager.catalog import Catalog
+from stager.catalog import load_catalog as load_catalog_of
 from stager.config import config_from_dict
 from stager.slowfs import SlowFS
 from stager.job.synth import make_dataset
@@ -165,7 +165,7 @@ def make_config(source, local_dir, **sections):
 
 
 def load_catalog(cfg):
-    return Catalog.load(cfg.dataset)
+    return load_catalog_of(cfg.dataset)
 
 
 def stager_cmd(*args):

@@ -19,6 +19,8 @@ def test_pcg64_is_the_order_of_earlier_runs():
 @pytest.mark.parametrize("name", sorted(shuffles.SHUFFLES))
 @pytest.mark.parametrize("n", [1, 2, 3, 7, 64, 65, 1000, 100_003])
 def test_every_shuffle_is_a_bijection_and_its_inverse_undoes_it(name, n):
+    if name == "shards":  # bound to containers of 1 to 40 samples, as a sharded catalog binds it
+        name = shuffles.ShardShuffle.of(np.repeat(np.arange(n), np.random.default_rng(n).integers(1, 41, n))[:n], 4)
     for seed, epoch in [(0, 0), (5, 1), (2**40, 9)]:
         perm = shuffles.at(n, seed, epoch, np.arange(n), name)
         assert np.array_equal(np.sort(perm), np.arange(n))

@@ -57,16 +57,25 @@ def resolve_capacity(text, directory):
     return int(value * st.f_bavail * st.f_frsize)
 
 
-def window_bytes(sizes, batch_size, minibatches_ahead, ranks):
+def window_bytes(sizes, batch_size, minibatches_ahead, ranks, most=None):
     """Bytes the look-ahead window may pin at once: every rank's minibatches ahead, each as large as can be.
 
     No minibatch holds more than the ``batch_size`` largest files, so a cache
     of this size always has room for what is in flight, whatever the order.
+    ``most`` (``minibatches -> files``) tightens that where the plan says one
+    rank's look-ahead touches fewer files (the ``shards`` shuffle's windows).
     """
     sizes = np.asarray(sizes)
     k = min(batch_size, len(sizes))
-    largest = int(np.partition(sizes, len(sizes) - k)[len(sizes) - k:].sum())
-    return ranks * minibatches_ahead * largest
+    window = ranks * minibatches_ahead * _largest(sizes, k)
+    if most is not None:
+        window = min(window, _largest(sizes, min(len(sizes), ranks * most(minibatches_ahead))))
+    return window
+
+
+def _largest(sizes, k):
+    """The sum of the ``k`` largest sizes."""
+    return int(np.partition(sizes, len(sizes) - k)[len(sizes) - k:].sum()) if k else 0
 
 
 def human(nbytes):
@@ -78,7 +87,7 @@ def human(nbytes):
     return f"{nbytes:.1f} TiB"
 
 
-def check_window(capacity, sizes, batch_size, minibatches_ahead, ranks):
+def check_window(capacity, sizes, batch_size, minibatches_ahead, ranks, most=None):
     """The window's bytes; refuses a capacity too small for them.
 
     Args:
@@ -87,11 +96,12 @@ def check_window(capacity, sizes, batch_size, minibatches_ahead, ranks):
         batch_size: Samples per minibatch on one rank.
         minibatches_ahead: Minibatches one rank may have asked for and not yet read.
         ranks: Ranks sharing the node's cache.
+        most: See ``window_bytes``.
 
     Raises:
         ConfigError: Naming both numbers and the settings that fix it.
     """
-    window = window_bytes(sizes, batch_size, minibatches_ahead, ranks)
+    window = window_bytes(sizes, batch_size, minibatches_ahead, ranks, most)
     if capacity is not None and capacity < window:
         raise ConfigError(f"staging.capacity {human(capacity)} is smaller than the look-ahead window needs: "
                           f"{human(window)} ({ranks} rank(s) x {minibatches_ahead} minibatches ahead x "

@@ -32,6 +32,8 @@ class Cache:
         policy: A policy name (``cache.policies``).
         capacity: Bytes the job directory may hold, or None (unbounded).
         window: Bytes the look-ahead window may pin at once (``capacity.window_bytes``).
+        to_files: Maps the plan's sample indices to the files that hold them
+            (``Catalog.file_index``); None: each sample is its own file.
 
     Attributes:
         state: Per file: ``ABSENT``, ``IN_FLIGHT`` or ``STAGED``.
@@ -46,7 +48,7 @@ class Cache:
             else can, whatever the policy prefers.
     """
 
-    def __init__(self, sizes, policy="unbounded", capacity=None, window=0):
+    def __init__(self, sizes, policy="unbounded", capacity=None, window=0, to_files=None):
         self.sizes = np.asarray(sizes, dtype=np.int64)
         n = len(self.sizes)
         self.state = np.zeros(n, dtype=np.uint8)
@@ -57,7 +59,7 @@ class Cache:
         self.window = window
         self.staged_bytes = 0
         self.in_flight_bytes = 0
-        self.future = Future()
+        self.future = Future(to_files)
         self.policy = make_policy(policy)
         self.kept = None
         self._spill = False  # while making room, whether kept files may go too

@@ -7,13 +7,17 @@ one binary file and maps it read-only (``MappedCatalog``); ``build`` is
 file; ``broadcast`` gives every rank the same catalog (``agreed_catalog``:
 rank 0 lists or reads, the others receive, or each maps the file).
 
-May import: ``errors``, ``sources``, ``world``.
+``shards`` is the catalog of samples packed in containers (tar shards, HDF5
+files): the containers' ``Catalog`` plus where each sample lies in them.
+
+May import: ``errors``, ``formats``, ``sources``, ``world``.
 """
 
 from .broadcast import agreed_catalog, broadcast_catalog
 from .build import build_catalog
 from .mapped import MappedCatalog, catalog_entries, header, read_header, write_catalog
+from .shards import ShardCatalog, load_catalog
 from .table import Catalog
 
-__all__ = ["Catalog", "MappedCatalog", "agreed_catalog", "broadcast_catalog", "build_catalog", "catalog_entries",
+__all__ = ["Catalog", "MappedCatalog", "ShardCatalog", "load_catalog", "agreed_catalog", "broadcast_catalog", "build_catalog", "catalog_entries",
            "header", "read_header", "write_catalog"]

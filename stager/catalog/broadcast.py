@@ -10,6 +10,7 @@ import logging
 import numpy as np
 
 from .mapped import MappedCatalog, catalog_entries
+from .shards import ShardCatalog, load_catalog
 from .table import Catalog
 from ..errors import CatalogError
 from ..sources import open_source
@@ -36,16 +37,27 @@ def broadcast_catalog(comm, build, root=0):
     """
     if comm is None:
         return build()
+    built = []
+
+    def made():
+        built.append(build())
+        return built[0] if isinstance(built[0], ShardCatalog) else None
+
+    def failed(text):
+        return CatalogError(f"rank {root} could not build the catalog: {text}")
+
+    shards = agree(comm, made, failed, root)
+    if shards is not None:
+        return shards  # a sharded dataset's catalog goes pickled: its layout is a few arrays too
     catalog = None
 
     def header():
         nonlocal catalog
-        catalog = build()
+        catalog = built[0]
         return (catalog.root, len(catalog), len(catalog._blob), catalog.labels is not None,
                 catalog.mtimes is not None)
 
-    root_dir, n, blob_len, labelled, timed = agree(
-        comm, header, lambda text: CatalogError(f"rank {root} could not build the catalog: {text}"), root)
+    root_dir, n, blob_len, labelled, timed = agree(comm, header, failed, root)
     if catalog is not None:
         blob = np.frombuffer(catalog._blob, dtype=np.uint8).copy()
         offsets, sizes, labels, mtimes = catalog._offsets, catalog.sizes, catalog.labels, catalog.mtimes
@@ -77,7 +89,7 @@ def agreed_catalog(comm, dataset, stall_timeout_s=300.0):
     """
     rank = 0 if comm is None else comm.Get_rank()
     if not dataset.catalog:
-        catalog = broadcast_catalog(comm, lambda: within(stall_timeout_s, Catalog.load, dataset))
+        catalog = broadcast_catalog(comm, lambda: within(stall_timeout_s, load_catalog, dataset))
         if rank == 0 and len(catalog) > dataset.broadcast_max:
             log.info("stager: catalog of %d entries listed and broadcast whole; `stager catalog build` and "
                      "dataset.catalog would let each node map only what it reads", len(catalog))

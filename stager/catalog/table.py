@@ -15,6 +15,23 @@ from ..errors import CatalogError
 from ..sources import PosixSource, open_source
 
 
+def container_format(dataset, paths):
+    """The dataset's format: ``dataset.format``, or with ``auto`` what its keys and extensions say.
+
+    Args:
+        dataset: A ``DatasetConfig``.
+        paths: The relative paths its source lists.
+    """
+    chosen = getattr(dataset, "format", "files")
+    if chosen != "auto":
+        return chosen
+    if getattr(dataset, "keys", None):
+        return "hdf5"
+    if paths and all(p.endswith(".tar") for p in paths):
+        return "tar"
+    return "files"
+
+
 class Catalog:
     """An immutable list of samples under one root.
 
@@ -113,11 +130,42 @@ class Catalog:
 
     @classmethod
     def load(cls, dataset):
-        """Builds the catalog that a ``DatasetConfig`` describes, from its source."""
+        """Builds the catalog of a ``DatasetConfig`` whose samples are files, from its source.
+
+        Raises:
+            CatalogError: For samples packed in containers (``dataset.format``):
+                ``catalog.load_catalog`` builds their ``ShardCatalog``.
+        """
         if not dataset.source:
             raise CatalogError("dataset.source is not set")
         source = open_source(dataset.source, dataset)
         listing = source.read_manifest(dataset.manifest) if dataset.manifest else source.scan(dataset.extensions)
+        fmt = container_format(dataset, listing.paths)
+        if fmt != "files":
+            raise CatalogError(f"the samples at {source.root} are packed in {fmt} containers: "
+                               "stager.catalog.load_catalog(dataset) lists them")
         return cls.from_listing(source.root, listing)
+
+    # A file is a sample: the engine stages what ``files`` lists, ``file_index`` maps samples to it.
+    format = "files"
+
+    @property
+    def files(self):
+        """What is staged: here the samples' own files (``ShardCatalog`` has its containers)."""
+        return self
+
+    def file_index(self, indices):
+        """The files holding samples ``indices``: the same indices."""
+        return np.asarray(indices, dtype=np.int64)
+
+    containers = None  # per sample, its container's index: none here
+
+    def name(self, index):
+        """The sample's name in records and messages: its relative path."""
+        return self.path(index)
+
+    def sample_decoder(self, loader, options):
+        """What readers decode with: the loader as it is (``formats.make_decoder`` makes it a decoder)."""
+        return loader
 
 

@@ -9,6 +9,7 @@ import sys
 import yaml
 
 from .insight import add_insight_parsers, comma_numbers
+from .shards import add_pack_parser
 from ..config import load_config
 from ..errors import StagerError
 from ..slowfs import ENGINES
@@ -67,9 +68,15 @@ def _cmd_make_dataset(args):
         raise StagerError("make-dataset: give DIR and --samples, or --config FILE")
     if "://" in args.dir:
         raise StagerError(f"make-dataset writes a local directory; {args.dir} is a URL")
-    nbytes = args.bytes or (JPEG_BYTES if args.format == "jpeg" else 196_736)
-    manifest = make_dataset(args.dir, args.samples, nbytes, args.classes, args.seed, progress=not args.quiet,
-                            fmt=args.format)
+    nbytes = args.bytes or (JPEG_BYTES if "jpeg" in (args.format, args.content) else 196_736)
+    if args.format in ("tar", "hdf5"):
+        from ..job.packing import make_shards
+
+        manifest = make_shards(args.dir, args.format, args.samples, nbytes, args.classes, args.seed,
+                               args.per_shard, args.content, progress=not args.quiet)
+    else:
+        manifest = make_dataset(args.dir, args.samples, nbytes, args.classes, args.seed, progress=not args.quiet,
+                                fmt=args.format)
     print(f"wrote {args.samples} samples and {manifest}")
     return 0
 
@@ -223,8 +230,12 @@ def build_parser():
     p.add_argument("--samples", type=int, help="number of samples")
     p.add_argument("--bytes", type=int, help="approximate bytes per sample (default 196736: 256x256x3 as "
                                              ".npy; 115000 as JPEG)")
-    p.add_argument("--format", choices=("npy", "jpeg"), default="npy",
-                   help="npy: random uint8 arrays (default); jpeg: 256x256 RGB JPEGs, decoded by the image loader")
+    p.add_argument("--format", choices=("npy", "jpeg", "tar", "hdf5"), default="npy",
+                   help="npy: random uint8 arrays (default); jpeg: 256x256 RGB JPEGs, decoded by the image loader; "
+                        "tar: WebDataset shards of --content samples and their labels; hdf5: containers whose "
+                        "datasets x and y hold one sample per row")
+    p.add_argument("--content", choices=("npy", "jpeg"), default="npy", help="what a tar shard's samples hold")
+    p.add_argument("--per-shard", type=int, default=1000, help="samples per container (tar, hdf5; default 1000)")
     p.add_argument("--classes", type=int, default=10, help="number of labels (default 10)")
     p.add_argument("--seed", type=int, default=0, help="seed of the content (default 0)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -316,6 +327,7 @@ def build_parser():
     b.set_defaults(func=_cmd_catalog)
 
     add_insight_parsers(sub)
+    add_pack_parser(sub)
     p = sub.add_parser("clean", help="remove staging directories of this user's jobs that are gone",
                        description="Remove the stager-* directories under BASE that belong to this user's jobs on "
                                    "this host whose process is gone and whose lock nobody holds (a node reboot, or "

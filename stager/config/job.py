@@ -19,15 +19,18 @@ class SyntheticConfig:
         bytes: Approximate size of each ``.npy`` sample.
         classes: Number of distinct labels.
         seed: Seed of the random content.
+        per_shard: Samples per container when ``dataset.format`` is tar or hdf5.
     """
 
     samples: int = 0
     bytes: int = 196_736
     classes: int = 10
     seed: int = 0
+    per_shard: int = 1000
 
     def __post_init__(self):
         require(self.samples >= 0, "synthetic.samples must be 0 or more")
+        require(self.per_shard >= 1, "synthetic.per_shard must be at least 1")
         require(self.bytes >= 1024, "synthetic.bytes must be at least 1024")
         require(self.classes >= 1, "synthetic.classes must be at least 1")
 

@@ -38,7 +38,18 @@ class DatasetConfig:
             object store prefix ``s3://bucket/prefix``.
         manifest: Manifest file (relative path per line, optional label after
             a tab). Relative to ``source`` unless absolute. None: scan the tree.
-        loader: ``raw``, ``npy``, ``hdf5`` or ``module:function`` taking a path.
+        format: ``files`` (one sample per file), ``tar`` (WebDataset's
+            shards: a sample is the members sharing a key) or ``hdf5``
+            (containers whose datasets ``keys`` hold one sample per row);
+            ``auto`` is ``hdf5`` when ``keys`` is set, ``tar`` when every
+            file is a ``.tar``, else ``files``.
+        keys: For ``hdf5`` containers, the datasets whose first axis indexes samples.
+        parts: For ``tar`` shards, the parts (``jpg``, ``cls``, ...) each
+            sample keeps; empty: every sample has the first sample's parts.
+        loader: ``raw``, ``npy``, ``hdf5`` or ``module:function`` taking a
+            path; for containers, how parts are decoded (``npy`` and
+            ``image`` decode the parts of their kind, ``raw`` none; a
+            ``module:function`` takes the sample's dict).
         hdf5_key: Dataset name inside each ``.h5`` file for the hdf5 loader.
         layout: What the ``image`` loader returns: ``hwc`` (uint8, height x
             width x channels, as decoded) or ``chw`` (float32, channels
@@ -66,6 +77,9 @@ class DatasetConfig:
 
     source: str = path_field("")
     manifest: Optional[str] = None
+    format: str = "auto"
+    keys: List[str] = field(default_factory=list)
+    parts: List[str] = field(default_factory=list)
     loader: str = "npy"
     hdf5_key: str = "data"
     layout: str = "hwc"
@@ -81,6 +95,14 @@ class DatasetConfig:
         from ..formats import check_loader_name  # the registry lives with the loaders
 
         check_loader_name(self.loader)
+        require(self.format in ("auto", "files", "tar", "hdf5"),
+                f"dataset.format must be auto, files, tar or hdf5, not {self.format!r}")
+        require(not self.keys or self.format in ("auto", "hdf5"),
+                f"dataset.keys names HDF5 datasets; dataset.format is {self.format!r}")
+        require(not self.catalog or (self.format in ("auto", "files") and not self.keys),
+                "dataset.catalog (a file made by `stager catalog build`) lists files, one sample each; samples "
+                "packed in containers (dataset.format tar or hdf5, dataset.keys) are indexed from the source: "
+                "leave dataset.catalog unset")
         require(self.broadcast_max >= 0, "dataset.broadcast_max must be 0 (always map a catalog file) or more")
         require(self.endpoint_url is None or "://" in self.endpoint_url,
                 f"dataset.endpoint_url must be a URL such as http://host:port, not {self.endpoint_url!r}")
@@ -112,7 +134,13 @@ class PlanConfig:
             own, in time and memory proportional to the rank's share (for
             datasets of tens of millions of samples and more); ``torch``
             is ``DistributedSampler``'s (``torch.randperm`` seeded with
-            seed + epoch).
+            seed + epoch); ``shards`` (for ``dataset.format`` tar or hdf5)
+            permutes the containers, then the samples within each window of
+            ``shard_window`` containers, so the node stages a window's
+            containers at a time instead of every one.
+        shard_window: Containers whose samples the ``shards`` shuffle mixes
+            together: more mixes better and needs more local space (see
+            ``docs/shards.md``).
         split: How each global minibatch is shared among the ranks
             (``plan.splits``): ``contiguous`` gives rank r the r-th run of
             ``batch_size`` samples; ``strided`` every size-th sample from
@@ -127,6 +155,7 @@ class PlanConfig:
     drop_last: bool = False
     remainder: str = "pad"
     shuffle_algorithm: str = "pcg64"
+    shard_window: int = 8
     split: str = "contiguous"
 
     def __post_init__(self):
@@ -136,6 +165,7 @@ class PlanConfig:
         require(self.shuffle_algorithm in SHUFFLES, f"plan.shuffle_algorithm must be one of {sorted(SHUFFLES)}, "
                                                     f"not {self.shuffle_algorithm!r}")
         require(self.batch_size >= 1, "plan.batch_size must be at least 1")
+        require(self.shard_window >= 1, "plan.shard_window must be at least 1")
         require(self.epochs >= 0, "plan.epochs must be 0 (repeat) or more")
         require(self.remainder in ("pad", "drop"), "plan.remainder must be 'pad' or 'drop'")
         require(self.split in SPLITS, f"plan.split must be one of {sorted(SPLITS)}, not {self.split!r}")

@@ -49,6 +49,14 @@ __all__ = ["Batch", "Pipeline"]
 log = logging.getLogger(__name__)
 
 
+def _most_files(spec, size):
+    """With the ``shards`` shuffle, ``ahead -> the most containers the node's look-ahead touches``; else None."""
+    most = getattr(getattr(spec, "shuffle_algorithm", None), "most_containers", None)
+    if most is None:
+        return None
+    return lambda ahead: most(ahead * spec.batch_size * size)
+
+
 def _more_rings(rings, count):
     """Shared memory for ``count`` more readers (an ``auto`` pool growing): ``(keep_fds, owned)``."""
     new = [Ring() for _ in range(count)]
@@ -204,9 +212,9 @@ class Pipeline:
             if self._staging.enabled:
                 coordinator.ask()  # the prefetchers start on the first minibatch while the readers start
             rings = [Ring() for _ in range(self._reader.workers)]
+            options = {"hdf5_key": self._dataset.hdf5_key, "layout": self._dataset.layout}
             ch.readers = WorkerPool(ctx, "read", "stager-read", self._reader.workers, reader_main,
-                                    (read_root, self._loader,
-                                     {"hdf5_key": self._dataset.hdf5_key, "layout": self._dataset.layout}, rings),
+                                    (read_root, self.catalog.sample_decoder(self._loader, options), options, rings),
                                     keep_fds=[fd for r in rings for fd in r.fds],
                                     recv=lambda i, conn: rings[i].recv(conn), owned=rings)
             if auto_read:
@@ -221,7 +229,8 @@ class Pipeline:
         """This rank's plan: ``(description or None, iterator of Minibatch)``."""
         plan, rank = self._plan, self.world.rank
         if plan is None:
-            plan = planlib.PlanSpec.from_config(len(self.catalog), self._plan_cfg, self.world.size, self._start)
+            plan = planlib.PlanSpec.from_config(len(self.catalog), self._plan_cfg, self.world.size, self._start,
+                                                self.catalog.containers)
         if hasattr(plan, "minibatches"):
             return plan, iter(plan.minibatches(rank))
         return None, iter(plan)
@@ -261,12 +270,14 @@ class Pipeline:
             path = self._jobdir.create()
             ranks = world.local_size if shared else 1
             batch_size = getattr(spec, "batch_size", self._plan_cfg.batch_size)
-            capacity, ahead, window, note = staging_capacity(self._staging, path, self.catalog.sizes, batch_size,
-                                                             self._ahead(), ranks)
+            files = self.catalog.files
+            capacity, ahead, window, note = staging_capacity(self._staging, path, files.sizes, batch_size,
+                                                             self._ahead(), ranks, _most_files(spec, world.size))
             if note:
                 log.info("stager: %s", note)
             self._fit_ahead(ahead)
-            cache = Cache(self.catalog.sizes, policy_name(self._staging.cache_policy, capacity), capacity, window)
+            cache = Cache(files.sizes, policy_name(self._staging.cache_policy, capacity), capacity, window,
+                          self.catalog.file_index)
             peers = None
             if peer_link is not None:
                 peers = node_peers(peer_link, spec, self.catalog, source, path, self._staging.prefetchers,

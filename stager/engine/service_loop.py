@@ -66,7 +66,8 @@ class ServiceLoop:
 
     def __init__(self, service, own):
         self.s = service
-        self.catalog = service.catalog
+        self.catalog = service.catalog.files  # what is staged: files, or the containers samples are packed in
+        self.to_files = service.catalog.file_index
         self.cache = service.cache
         self.clients = [own]
         self.rank_of = {}        # connection -> the rank that said Hello on it
@@ -162,7 +163,7 @@ class ServiceLoop:
         if conn in self.rank_of:
             cache.future.advance(self.rank_of[conn], msg.seq)
         self.epoch = msg.epoch
-        files = np.unique(msg.indices)
+        files = np.unique(self.to_files(msg.indices))
         missing, pending = cache.pin(files)
         self.s.telemetry.record(tm.REQUEST, msg.epoch, len(files) - len(missing), len(missing))
         self.s.telemetry.record(tm.LOCAL, msg.epoch, int(cache.sizes[files].sum() - cache.sizes[missing].sum()))

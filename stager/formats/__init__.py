@@ -3,7 +3,8 @@
 ``files`` is the family of one sample per file: its decoders (``raw``,
 ``npy``, ``hdf5``, ``image``, or a ``module:function`` of the user's) are
 chosen by name from ``LOADERS`` (``dataset.loader``); ``images`` decodes
-JPEG and PNG. ``decoder`` is what readers call for every sample: a
+JPEG and PNG. ``tar`` and ``hdf5`` index containers of many samples, and
+``shards`` takes a sample out of a staged container (``ShardDecoder``). ``decoder`` is what readers call for every sample: a
 ``SampleDecoder`` (a front end's, which runs the user's own dataset code
 with the sample's index and epoch), or a path loader made one.
 

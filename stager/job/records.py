@@ -24,7 +24,7 @@ class Recorder:
             self._staged = _Lines(os.path.join(directory, f"staged-{world.node}.jsonl"))
 
     def batch(self, batch):
-        paths = [self.catalog.path(i) for i in batch.indices]
+        paths = [self.catalog.name(i) for i in batch.indices]
         self._reads.write({"epoch": batch.epoch, "step": batch.step, "samples": paths})
 
     def cache(self, table):

@@ -41,6 +41,8 @@ def write_synthetic(cfg, progress=True):
     if os.path.exists(manifest):
         with open(manifest, encoding="utf-8") as fh:
             count = sum(1 for line in fh if line.strip())
+        if cfg.dataset.format in ("tar", "hdf5"):
+            count = _packed_samples(cfg, count)
         if count != syn.samples:
             raise ConfigError(f"{manifest} lists {count} samples but synthetic.samples is {syn.samples}; "
                               f"remove {src} to write it again, or set synthetic.samples={count}")
@@ -48,7 +50,18 @@ def write_synthetic(cfg, progress=True):
     if os.path.isdir(src) and os.listdir(src):
         raise ConfigError(f"{src} already holds files but no {MANIFEST}: synthetic data is written only into a "
                           "new or empty directory")
+    if cfg.dataset.format in ("tar", "hdf5"):
+        from .packing import make_shards
+
+        return make_shards(src, cfg.dataset.format, syn.samples, syn.bytes, syn.classes, syn.seed, syn.per_shard,
+                           progress=progress), True
     return make_dataset(src, syn.samples, syn.bytes, syn.classes, syn.seed, progress=progress), True
+
+
+def _packed_samples(cfg, containers):
+    """Samples in a synthetic set of ``containers`` containers as ``synthetic`` would write them."""
+    syn = cfg.synthetic
+    return syn.samples if containers == -(-syn.samples // syn.per_shard) else containers * syn.per_shard
 
 
 def check_source(cfg):

@@ -27,7 +27,7 @@ def cache_misses(sizes, spec, ranks=(0,), capacity=None, policy="auto", ahead=16
     return [int(epoch.sum()) for epoch in step_misses(sizes, spec, ranks, capacity, policy, ahead)]
 
 
-def step_misses(sizes, spec, ranks=(0,), capacity=None, policy="auto", ahead=16):
+def step_misses(sizes, spec, ranks=(0,), capacity=None, policy="auto", ahead=16, to_files=None):
     """Files fetched from the source for each step of each epoch of ``spec`` read by ``ranks`` of one node.
 
     Args:
@@ -37,6 +37,8 @@ def step_misses(sizes, spec, ranks=(0,), capacity=None, policy="auto", ahead=16)
         capacity: The cache's bytes, or None (unbounded).
         policy: ``staging.cache_policy`` (``auto``: clairvoyant with a capacity).
         ahead: Minibatches each rank asks for past its reading (``staging.lookahead``).
+        to_files: Maps samples to the files holding them (containers,
+            ``Catalog.file_index``); ``sizes`` are then those files'.
 
     Returns:
         A list with an array per epoch, from the plan's first epoch: the files
@@ -50,7 +52,7 @@ def step_misses(sizes, spec, ranks=(0,), capacity=None, policy="auto", ahead=16)
         raise ValueError("cache_misses needs a plan with a finite number of epochs")
     sizes = np.asarray(sizes, dtype=np.int64)
     window = check_window(capacity, sizes, spec.batch_size, ahead, len(ranks))
-    cache = Cache(sizes, policy_name(policy, capacity), capacity, window)
+    cache = Cache(sizes, policy_name(policy, capacity), capacity, window, to_files)
     for rank in ranks:
         cache.add_plan(rank, spec)
     pending = collections.deque()  # files of requests made and not yet read, oldest first
@@ -66,7 +68,7 @@ def step_misses(sizes, spec, ranks=(0,), capacity=None, policy="auto", ahead=16)
             while len(pending) >= ahead * len(ranks):
                 read_oldest()
             cache.future.advance(rank, seq)
-            files = np.unique(mb.indices)
+            files = np.unique(mb.indices if to_files is None else to_files(mb.indices))
             missing, _ = cache.pin(files)
             while True:
                 victims = cache.room_for(int(sizes[missing].sum()))

@@ -61,13 +61,13 @@ def calibrated(cfg, report=None, compute_ms=None):
         report: A run's ``--report`` JSON path whose totals refine the stages' costs.
         compute_ms: The training step's time; default: the report's, else ``run.compute_ms``.
     """
-    from ..catalog import Catalog
+    from ..catalog import load_catalog
     from ..job.source import prepare_source
     from ..sources import open_source
 
     with contextlib.ExitStack() as stack:
         cfg = prepare_source(cfg, stack, progress=False)
-        catalog = Catalog.load(cfg.dataset)
+        catalog = load_catalog(cfg.dataset)
         source = open_source(catalog.root, cfg.dataset)
         compute_s = (compute_ms if compute_ms is not None else cfg.run.compute_ms) / 1000.0
         rates = probe(source, catalog, cfg.dataset.loader,
@@ -116,10 +116,11 @@ def grid(rates, prefetchers, readers, open_ms=(None,), mbps=(None,), compute_ms=
     """
     misses = {}
     if catalog is not None and plan_cfg is not None:
-        spec = planlib.PlanSpec.from_config(len(catalog), plan_cfg, 1)
+        spec = planlib.PlanSpec.from_config(len(catalog), plan_cfg, 1, containers=catalog.containers)
+        sizes = catalog.files.sizes  # what the cache holds: files, or the containers samples are packed in
         for cap in capacities:
-            misses[cap] = step_misses(catalog.sizes, spec, capacity=capacity_bytes(cap, catalog.sizes),
-                                      ahead=ahead)
+            misses[cap] = step_misses(sizes, spec, capacity=capacity_bytes(cap, sizes), ahead=ahead,
+                                      to_files=catalog.file_index)
     elif any(c is not None for c in capacities):
         raise ConfigError("stager whatif: --capacity needs --config (the cache's misses are computed from the plan)")
     rows = []

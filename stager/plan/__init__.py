@@ -17,9 +17,9 @@ from .order import epoch_minibatches, epoch_order, fit_to_ranks, permutation, ra
 from .resume import STATE_VERSION, Position, ResumeMismatch, check_count, resume_position, resume_state
 from .shares import epoch_share, fitted_length, step_count
 from .shuffles import SHUFFLES
-from .spec import PlanSpec
+from .spec import PlanSpec, bound_shuffle
 
-__all__ = ["Minibatch", "PlanSpec", "Position", "Reads", "ResumeMismatch", "SHUFFLES", "STATE_VERSION",
+__all__ = ["Minibatch", "PlanSpec", "Position", "Reads", "ResumeMismatch", "SHUFFLES", "STATE_VERSION", "bound_shuffle",
            "check_count", "epoch_minibatches", "epoch_order", "epoch_share", "fit_to_ranks", "fitted_length", "iterate",
            "next_uses", "permutation", "read_at", "rank_share", "resume_position", "resume_state", "step_count",
            "steps_per_epoch", "stream"]

@@ -7,8 +7,25 @@ from .batching import iterate
 from .order import steps_per_epoch
 from .shares import fitted_length
 from .resume import Position
-from .shuffles import DEFAULT
+from .shuffles import DEFAULT, ShardShuffle, shards
 from .splits import DEFAULT as DEFAULT_SPLIT
+
+
+def bound_shuffle(plan, containers=None):
+    """``plan.shuffle_algorithm``, bound to the catalog's containers when it is ``shards``.
+
+    Args:
+        plan: A ``PlanConfig``.
+        containers: Per sample, its container's index, or None.
+
+    Raises:
+        ConfigError: ``shards`` without containers.
+    """
+    if plan.shuffle_algorithm != "shards":
+        return plan.shuffle_algorithm
+    if containers is None:
+        shards.forward()  # raises the error that says what the shuffle needs
+    return ShardShuffle.of(containers, plan.shard_window)
 
 
 @dataclass(frozen=True)
@@ -28,7 +45,8 @@ class PlanSpec:
         remainder: ``pad`` or ``drop`` (see ``epoch_order``).
         size: Number of ranks.
         start: Where reading starts.
-        shuffle_algorithm: Name in ``shuffles.SHUFFLES``.
+        shuffle_algorithm: Name in ``shuffles.SHUFFLES``, or a bound shuffle
+            (``shuffles.ShardShuffle``).
         split: Name in ``splits.SPLITS``.
     """
 
@@ -59,10 +77,16 @@ class PlanSpec:
                           f"plan.remainder {self.remainder!r}; use remainder 'pad' or fewer ranks")
 
     @classmethod
-    def from_config(cls, samples, plan, size=1, start=Position()):
-        """The description of reading ``plan`` (a ``PlanConfig``) over ``samples`` on ``size`` ranks."""
+    def from_config(cls, samples, plan, size=1, start=Position(), containers=None):
+        """The description of reading ``plan`` (a ``PlanConfig``) over ``samples`` on ``size`` ranks.
+
+        Args:
+            containers: Per sample, the index of the container holding it
+                (a sharded catalog's ``layout.file_of``), which the
+                ``shards`` shuffle needs; None for one sample per file.
+        """
         return cls(samples, plan.batch_size, plan.epochs, plan.seed, plan.shuffle, plan.drop_last,
-                   plan.remainder, size, start, plan.shuffle_algorithm, plan.split)
+                   plan.remainder, size, start, bound_shuffle(plan, containers), plan.split)
 
     def minibatches(self, rank):
         """Rank ``rank``'s minibatches (see ``iterate``)."""

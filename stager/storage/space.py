@@ -37,7 +37,7 @@ def auto_capacity(job_dir, dataset_bytes):
     return capacity, f"{human(capacity)}: {where}; the dataset is {human(dataset_bytes)}"
 
 
-def staging_capacity(staging, job_dir, sizes, batch_size, ahead, ranks):
+def staging_capacity(staging, job_dir, sizes, batch_size, ahead, ranks, most=None):
     """The node cache's capacity, and the look-ahead that fits it.
 
     Args:
@@ -47,6 +47,9 @@ def staging_capacity(staging, job_dir, sizes, batch_size, ahead, ranks):
         batch_size: Samples per minibatch on one rank.
         ahead: Minibatches each rank may have staged and not yet read.
         ranks: Ranks sharing the node's cache.
+        most: ``ahead -> the most files that look-ahead can touch``, when the
+            plan bounds it more tightly than a minibatch per file (the
+            ``shards`` shuffle), or None.
 
     Returns:
         ``(capacity, ahead, window, note)``: bytes or None (unbounded); the
@@ -61,13 +64,13 @@ def staging_capacity(staging, job_dir, sizes, batch_size, ahead, ranks):
     parsed = parse_capacity(staging.capacity)
     if not (parsed and parsed[0] == "auto"):
         capacity = resolve_capacity(staging.capacity, job_dir)
-        return capacity, ahead, check_window(capacity, sizes, batch_size, ahead, ranks), None
+        return capacity, ahead, check_window(capacity, sizes, batch_size, ahead, ranks, most), None
     if staging.cache_policy == "unbounded":
-        return None, ahead, window_bytes(sizes, batch_size, ahead, ranks), \
+        return None, ahead, window_bytes(sizes, batch_size, ahead, ranks, most), \
             "staging.capacity auto: unbounded, as staging.cache_policy says"
     capacity, why = auto_capacity(job_dir, int(sizes.sum()))
-    window = window_bytes(sizes, batch_size, ahead, ranks)
-    if capacity is not None and capacity < window:
+    window = window_bytes(sizes, batch_size, ahead, ranks, most)
+    if capacity is not None and capacity < window and most is None:
         largest = window // (ranks * ahead)
         fits = capacity // (ranks * largest)
         if fits < 1:
@@ -76,4 +79,12 @@ def staging_capacity(staging, job_dir, sizes, batch_size, ahead, ranks):
                               "staging.capacity")
         why += f"; the look-ahead cut from {ahead} to {fits} minibatches so that its window fits"
         ahead, window = fits, window_bytes(sizes, batch_size, fits, ranks)
+    elif capacity is not None and capacity < window:
+        fits = max((a for a in range(1, ahead + 1) if window_bytes(sizes, batch_size, a, ranks, most) <= capacity),
+                   default=0)
+        if not fits:
+            raise ConfigError(f"staging.capacity auto is {why}: too small for the containers one minibatch per "
+                              "rank touches; give staging.local_dir a larger file system, or set staging.capacity")
+        why += f"; the look-ahead cut from {ahead} to {fits} minibatches so that its window fits"
+        ahead, window = fits, window_bytes(sizes, batch_size, fits, ranks, most)
     return capacity, ahead, window, f"staging.capacity auto: {why}"

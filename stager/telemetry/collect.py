@@ -7,6 +7,7 @@ rank under ``ranks``, and the accounting (``accounting.py``) under
 """
 
 import json
+import os
 import time
 
 from .accounting import job_nodes, job_stages
@@ -132,7 +133,8 @@ def pipeline_report(pipe, config, path=None):
 
 
 def write_report(path, report):
-    """Writes a report as indented JSON."""
+    """Writes a report as indented JSON, making its directory if needed (as ``--record`` does)."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w", encoding="utf-8") as fh:
         json.dump(report, fh, indent=1)
         fh.write("\n")

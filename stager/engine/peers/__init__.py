@@ -24,7 +24,7 @@ def node_peers(link, spec, catalog, source, root, threads, telemetry, choice="ho
     Args:
         link: ``world.split_leaders``'s result on this leader.
         spec: This rank's plan description (every rank's plan follows from it).
-        catalog: The job's ``Catalog``.
+        catalog: The job's ``Catalog`` (its ``files`` are what nodes hold).
         source: The ``Source``.
         root: The job's node-local directory.
         threads: Fetch threads.
@@ -33,5 +33,6 @@ def node_peers(link, spec, catalog, source, root, threads, telemetry, choice="ho
         wait_s: ``staging.stall_timeout_s``: how long a holder may take.
     """
     comm, node_of_rank = link
-    owners = first_epoch_owners(spec, len(catalog), len(node_of_rank), leader_of_rank(node_of_rank))
+    owners = first_epoch_owners(spec, len(catalog.files), len(node_of_rank), leader_of_rank(node_of_rank),
+                                catalog.file_index)
     return Peers(comm, owners, source, root, threads, telemetry, choice, wait_s)

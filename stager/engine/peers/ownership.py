@@ -12,14 +12,15 @@ import numpy as np
 NO_OWNER = -1
 
 
-def first_epoch_owners(spec, samples, size, owner_of_rank):
+def first_epoch_owners(spec, samples, size, owner_of_rank, to_files=None):
     """The owner of every file: ``owner_of_rank`` of the first rank to read it in the plan's first epoch.
 
     Args:
         spec: A plan description with ``minibatches(rank)`` (``PlanSpec``), or None (an order only a front end knows).
-        samples: Catalog size.
+        samples: Files in the catalog (its samples, unless packed in containers).
         size: Number of ranks.
         owner_of_rank: Per rank, its node leader's rank among the leaders.
+        to_files: Maps sample indices to the files holding them, or None.
 
     Returns:
         An int32 array; ``NO_OWNER`` for a file nobody reads in that epoch
@@ -34,7 +35,8 @@ def first_epoch_owners(spec, samples, size, owner_of_rank):
             first = mb.epoch if first is None else first
             if mb.epoch != first:
                 break
-            indices = mb.indices[owners[mb.indices] == NO_OWNER]
+            files = mb.indices if to_files is None else to_files(mb.indices)
+            indices = files[owners[files] == NO_OWNER]
             owners[indices] = owner_of_rank[rank]
     return owners
 

@@ -98,16 +98,18 @@ def probe(source, catalog, loader="npy", loader_options=None, files=PROBE_FILES,
     stride = max(1, n // max(1, files))
     picks = sorted({(start + i * stride) % n for i in range(min(files, n))})
     root = source.local_root
-    decoder = make_decoder(loader, loader_options or {})
+    decoder = make_decoder(catalog.sample_decoder(loader, loader_options or {}), loader_options or {})
+    files = catalog.files  # a sample's file, or the container it is packed in
     scratch = tempfile.mkdtemp(prefix="stager-probe-")
 
     def one(index):
         # Each file in its own thread: the probe costs about one file's latency, not one per file.
-        rel, size = catalog.path(index), int(catalog.sizes[index])
+        file = int(catalog.file_index([index])[0])
+        rel, size = files.path(file), int(files.sizes[file])
         with reading("open", source.describe(rel)):
             timed = _time_posix(root, rel) if root is not None else None
             begin = time.perf_counter()
-            source.fetch(rel, size, catalog.mtime(index), scratch)
+            source.fetch(rel, size, files.mtime(file), scratch)
         fetched = time.perf_counter()
         decoder.decode(os.path.join(scratch, rel), index, 0)
         return timed, fetched - begin, time.perf_counter() - fetched, size

@@ -10,25 +10,35 @@ Each algorithm is a module with two pure functions of ``(n, seed, epoch)``:
 and a flag ``MATERIALISES``: whether those functions hold the whole epoch
 (cost linear in ``n``) or evaluate each position on its own (cost linear in
 the positions asked for). ``identity`` is the unshuffled order; ``torch``
-is ``DistributedSampler``'s (``torch.randperm`` seeded with seed + epoch).
+is ``DistributedSampler``'s (``torch.randperm`` seeded with seed + epoch);
+``shards`` shuffles containers, then samples within a window of them: it
+needs the catalog's containers, so a plan carries it bound to them
+(``ShardShuffle``), an object with the same two functions, in place of the name.
 """
 
 import numpy as np
 
-from . import feistel, identity, pcg64, torch_randperm
+from . import feistel, identity, pcg64, shards, torch_randperm
+from .shards import ShardShuffle
 
-SHUFFLES = {"pcg64": pcg64, "feistel": feistel, "identity": identity, "torch": torch_randperm}
+SHUFFLES = {"pcg64": pcg64, "feistel": feistel, "identity": identity, "torch": torch_randperm, "shards": shards}
 DEFAULT = "pcg64"
 
 
 def algorithm(name, shuffle=True):
     """The module of shuffle ``name``; ``identity`` when ``shuffle`` is False.
 
+    Args:
+        name: A name in ``SHUFFLES``, or a bound shuffle (``ShardShuffle``).
+        shuffle: False: the catalog order, whatever ``name`` says.
+
     Raises:
         ValueError: For a name not in ``SHUFFLES``.
     """
     if not shuffle:
         return identity
+    if not isinstance(name, str):
+        return name
     try:
         return SHUFFLES[name]
     except KeyError:
@@ -45,4 +55,4 @@ def position_of(n, seed, epoch, indices, name=DEFAULT, shuffle=True):
     return algorithm(name, shuffle).inverse(n, seed, epoch)(np.asarray(indices, dtype=np.int64))
 
 
-__all__ = ["DEFAULT", "SHUFFLES", "algorithm", "at", "position_of"]
+__all__ = ["DEFAULT", "SHUFFLES", "ShardShuffle", "algorithm", "at", "position_of"]

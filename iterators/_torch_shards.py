@@ -1,0 +1,75 @@
+"""Samples packed in tar shards or HDF5 containers, as a PyTorch map-style dataset.
+
+``ShardDataset`` lists the containers of a source and indexes them once
+(``stager.catalog.load_catalog``), then reads any sample in place: a plain
+``DataLoader`` takes it as it is. ``StagedLoader`` takes it through the
+dataset protocol: its samples name their container (``stager_path``), so
+stager stages each container once for all the samples packed in it, and
+``stager_load`` takes sample ``index`` out of the staged copy. Unless a
+sampler says otherwise, ``StagedLoader`` reads it with the ``shards``
+shuffle (containers, then samples within a window of ``window``
+containers), as sharded loaders do, where ``DataLoader`` would draw a full
+permutation and open a container for nearly every sample.
+"""
+
+import os
+
+from torch.utils.data import Dataset
+
+from stager.catalog import load_catalog
+from stager.config import config_from_dict
+from stager.formats.shards import ShardReader, decode_parts
+
+
+class ShardDataset(Dataset):
+    """The samples of tar shards or HDF5 containers under ``source``.
+
+    Args:
+        source: The directory holding the containers.
+        format: ``tar``, ``hdf5`` or ``auto`` (``dataset.format``).
+        keys: HDF5 datasets whose first axis indexes samples (``dataset.keys``).
+        parts: Tar parts each sample keeps (``dataset.parts``); default: all.
+        manifest: A manifest listing the containers (relative to
+            ``source``), as ``stager pack`` writes; None: scan for them.
+        loader: How parts are decoded (``dataset.loader``): ``raw`` (tar
+            parts as bytes), ``npy``, ``image``, or a callable taking the
+            sample's dict.
+        transform: Called on each sample (a dict: ``__key__`` and the tar
+            parts, or the HDF5 rows) after decoding.
+        window: Containers the ``shards`` shuffle mixes (``plan.shard_window``).
+    """
+
+    def __init__(self, source, format="auto", keys=(), parts=(), manifest=None, loader="raw", transform=None,
+                 window=8):
+        dataset = config_from_dict({"dataset": {"source": os.fspath(source), "format": format, "keys": list(keys),
+                                                "parts": list(parts), "manifest": manifest,
+                                                "loader": loader if isinstance(loader, str) else "raw"}}).dataset
+        catalog = load_catalog(dataset)
+        if not hasattr(catalog, "layout"):
+            raise ValueError(f"{source} holds one sample per file (dataset.format {format!r}): use ImageFolder or "
+                             "your own dataset for it")
+        self.catalog = catalog
+        self.loader = loader
+        self.transform = transform
+        self.stager_window = window
+        self._reader = None
+
+    def __len__(self):
+        return len(self.catalog)
+
+    def __getitem__(self, index):
+        return self.stager_load(self.stager_path(index), index)
+
+    def stager_path(self, index):
+        """The container sample ``index`` is packed in."""
+        return os.path.join(self.catalog.root, self.catalog.path(index))
+
+    def stager_load(self, path, index):
+        """Sample ``index`` from the container at ``path`` (the source's, or its staged copy)."""
+        if self._reader is None:
+            self._reader = ShardReader(self.catalog.layout)
+        sample = decode_parts(self._reader.read(path, index), self.loader, {"layout": "hwc"})
+        return self.transform(sample) if self.transform is not None else sample
+
+    def __getstate__(self):
+        return {**self.__dict__, "_reader": None}  # open files stay with the process that opened them
