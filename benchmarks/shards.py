@@ -25,6 +25,12 @@ emulator's daemon. The shuffle figures are rank 0's epoch 0 order:
 in a minibatch of 64. Then the window's trade alone, from the plan.
 
     .venv/bin/python benchmarks/shards.py --json docs/shards.json
+    .venv/bin/python benchmarks/shards.py --content jpeg --samples 6400 --per-shard 100 --json docs/shards-jpeg.json
+
+With ``--content jpeg`` the samples are 256x256 JPEGs of about 115 KB,
+decoded to float32 CHW (``loader: image``, ``layout: chw``; the direct
+reader calls the same decoding functions), and HDF5 is left out (it holds
+arrays, not encoded images).
 
 Prints a Markdown section for docs/benchmarks.md.
 """
@@ -47,7 +53,7 @@ from helpers.opens import Opens  # noqa: E402  (the tests' outside counter)
 from stager.catalog import Catalog, load_catalog  # noqa: E402
 from stager.config import config_from_dict  # noqa: E402
 from stager.job.packing import pack  # noqa: E402
-from stager.job.synth import make_dataset  # noqa: E402
+from stager.job.synth import JPEG_BYTES, make_dataset  # noqa: E402
 from stager.plan import PlanSpec  # noqa: E402
 from stager.plan.quality import distinct_per_batch, neighbour_spread  # noqa: E402
 from stager.slowfs import SlowFS  # noqa: E402
@@ -61,6 +67,12 @@ import numpy as np, torch
 from torch.utils.data import DataLoader, Dataset
 rank, size = int(os.environ["PMI_RANK"]), int(os.environ["PMI_SIZE"])
 kind, root, epochs, batch, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+content = sys.argv[6]
+def decode(s):
+    if content == "jpeg":
+        from stager.formats.images import decode_rgb, to_chw
+        return s["__key__"], to_chw(decode_rgb(s["jpg"]))
+    return s["__key__"], np.load(__import__("io").BytesIO(s["npy"]))
 shards = sorted(f for f in os.listdir(root) if f.endswith((".tar", ".h5")))
 order = []
 begin = time.perf_counter()
@@ -70,7 +82,7 @@ if kind == "tar":
         mine = [os.path.join(root, s) for s in shards[rank::size]]
         ds = (wds.WebDataset(mine, shardshuffle=len(mine), detshuffle=True, seed=epoch,
                              nodesplitter=lambda urls: urls, workersplitter=wds.split_by_worker)
-              .shuffle(1000).map(lambda s: (s["__key__"], np.load(__import__("io").BytesIO(s["npy"])))))
+              .shuffle(1000).map(decode))
         for keys, x in DataLoader(ds, batch_size=batch, num_workers=2):
             if epoch == 0:
                 order.extend(keys)
@@ -148,10 +160,11 @@ def measure(backing, mnt, run):
             "fuse_cpu_s": round(fuse_after - fuse_before, 1)}, out
 
 
-def staged(tmp, mnt, fmt, name):
+def staged(tmp, mnt, fmt, name, content):
     """``stager run`` over the tree at ``mnt`` on 2 emulated nodes; rank 0's epoch 0 order of catalog indices."""
     job = os.path.join(tmp, f"{name}.yaml")
-    dataset = {"source": mnt, "manifest": "manifest.tsv", "loader": "npy", "format": fmt}
+    dataset = {"source": mnt, "manifest": "manifest.tsv", "format": fmt,
+               **({"loader": "image", "layout": "chw"} if content == "jpeg" else {"loader": "npy"})}
     plan = {"batch_size": BATCH, "epochs": EPOCHS, "seed": 0}
     if fmt == "hdf5":
         dataset["keys"] = ["x", "y"]
@@ -174,12 +187,12 @@ def planned_order(cfg):
     return np.concatenate([m.indices for m in spec.minibatches(0) if m.epoch == 0])
 
 
-def direct(tmp, mnt, kind):
+def direct(tmp, mnt, kind, content):
     script = os.path.join(tmp, "direct.py")
     with open(script, "w") as fh:
         fh.write(DIRECT)
     out = os.path.join(tmp, f"direct-{kind}")
-    mpiexec([script, kind, mnt, str(EPOCHS), str(BATCH), out], tmp)
+    mpiexec([script, kind, mnt, str(EPOCHS), str(BATCH), out, content], tmp)
     return [json.load(open(f"{out}.{r}")) for r in range(2)]
 
 
@@ -188,16 +201,17 @@ def figures(order, container_of):
             "containers_per_batch": round(distinct_per_batch(order, container_of, BATCH), 1)}
 
 
-def window_table():
+def window_table(samples, per_shard):
     """The ``shards`` shuffle's window against a full permutation, from the plan alone."""
-    container_of = np.repeat(np.arange(SAMPLES // PER_SHARD), PER_SHARD)
+    container_of = np.arange(samples) // per_shard
     rows = []
-    full = np.random.default_rng(0).permutation(SAMPLES)
-    rows.append({"window": "full permutation", **figures(full, container_of), "containers_held": SAMPLES // PER_SHARD})
+    full = np.random.default_rng(0).permutation(samples)
+    rows.append({"window": "full permutation", **figures(full, container_of),
+                 "containers_held": len(np.unique(container_of))})
     for window in (1, 2, 4, 8, 16, 32, 64):
         cfg = config_from_dict({"plan": {"batch_size": BATCH, "epochs": 1, "shuffle_algorithm": "shards",
                                          "shard_window": window}}).plan
-        spec = PlanSpec.from_config(SAMPLES, cfg, 1, containers=container_of)
+        spec = PlanSpec.from_config(samples, cfg, 1, containers=container_of)
         order = np.concatenate([m.indices for m in spec.minibatches(0)])
         rows.append({"window": window, **figures(order, container_of),
                      "containers_held": spec.shuffle_algorithm.most_containers(8 * BATCH)})
@@ -207,27 +221,34 @@ def window_table():
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--content", choices=("npy", "jpeg"), default="npy", help="what a sample is (default npy)")
+    parser.add_argument("--samples", type=int, default=SAMPLES, help=f"samples (default {SAMPLES})")
+    parser.add_argument("--per-shard", type=int, default=PER_SHARD, help=f"samples a container (default {PER_SHARD})")
     args = parser.parse_args()
     tmp = tempfile.mkdtemp(prefix="stager-bench-shards-")
-    results = {"samples": SAMPLES, "per_shard": PER_SHARD, "epochs": EPOCHS, "batch": BATCH, "window": WINDOW,
-               "open_ms": 10, "mbps": 200, "nodes": 2, "runs": [], "windows": window_table()}
+    samples, per_shard, jpeg = args.samples, args.per_shard, args.content == "jpeg"
+    results = {"samples": samples, "per_shard": per_shard, "epochs": EPOCHS, "batch": BATCH, "window": WINDOW,
+               "content": args.content, "open_ms": 10, "mbps": 200, "nodes": 2, "runs": [],
+               "windows": window_table(samples, per_shard)}
     try:
         files = os.path.join(tmp, "files")
-        make_dataset(files, SAMPLES, 2000, 100, 0, progress=False)
+        make_dataset(files, samples, JPEG_BYTES if jpeg else 2000, 100, 0, progress=False,
+                     fmt="jpeg" if jpeg else "npy")
         catalog = Catalog.from_manifest(files, "manifest.tsv")
-        container_of = np.arange(SAMPLES) // PER_SHARD  # pack keeps the catalog order
-        for fmt in ("tar", "hdf5"):
-            pack(catalog, os.path.join(tmp, fmt), fmt, PER_SHARD, progress=False)
-        for name, tree, fmt in (("files, staged", "files", "files"), ("tar, staged", "tar", "tar"),
-                                ("hdf5, staged", "hdf5", "hdf5"), ("tar, webdataset", "tar", None),
-                                ("hdf5, h5py", "hdf5", None)):
+        container_of = np.arange(samples) // per_shard  # pack keeps the catalog order
+        formats = ("tar",) if jpeg else ("tar", "hdf5")
+        for fmt in formats:
+            pack(catalog, os.path.join(tmp, fmt), fmt, per_shard, progress=False)
+        runs = [("files, staged", "files", "files"), ("tar, staged", "tar", "tar"), ("hdf5, staged", "hdf5", "hdf5"),
+                ("tar, webdataset", "tar", None), ("hdf5, h5py", "hdf5", None)]
+        for name, tree, fmt in [r for r in runs if r[1] in ("files",) + formats]:
             backing = os.path.join(tmp, tree)
             with SlowFS(backing, open_ms=10, mbps=200) as mnt:
                 if fmt is not None:
-                    counted, cfg = measure(backing, mnt, lambda: staged(tmp, mnt, fmt, tree))
+                    counted, cfg = measure(backing, mnt, lambda: staged(tmp, mnt, fmt, tree, args.content))
                     order = planned_order(cfg)
                 else:
-                    counted, ranks = measure(backing, mnt, lambda: direct(tmp, mnt, tree))
+                    counted, ranks = measure(backing, mnt, lambda: direct(tmp, mnt, tree, args.content))
                     keys = ranks[0]["order"]
                     order = np.array([int(str(k).rsplit("/", 1)[-1]) for k in keys], dtype=np.int64)
             row = {"method": name, **counted, **figures(order, container_of)}
@@ -242,7 +263,8 @@ def main():
 
 
 def markdown(r):
-    lines = [f"{r['samples']:,} samples of about 2 KB, as files and as {r['samples'] // r['per_shard']} shards of "
+    what = "256x256 JPEGs of about 115 KB, decoded to float32 CHW" if r.get("content") == "jpeg" else "about 2 KB"
+    lines = [f"{r['samples']:,} samples of {what}, as files and as {r['samples'] // r['per_shard']} shards of "
              f"{r['per_shard']:,}; {r['epochs']} epochs, {r['nodes']} emulated nodes of one rank, 2 readers each; "
              f"{r['open_ms']} ms an open, {r['mbps']} MB/s.", "",
              "| method | time (s) | CPU s, job | CPU s, emulator | source opens | source MB | neighbour spread | "

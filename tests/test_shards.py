@@ -18,6 +18,7 @@ from stager.catalog import Catalog, load_catalog
 from stager.config import config_from_dict
 from stager.errors import CatalogError, ConfigError, StageError
 from stager.job.packing import make_shards
+from stager.model.misses import step_misses
 from stager.plan.shuffles import ShardShuffle
 
 from test_cache import belady_misses
@@ -198,6 +199,8 @@ def test_clairvoyant_over_containers_reads_the_belady_optimum_at_40_percent(tar_
     optimum = belady_misses(requests, 4)
     assert misses == [sum(optimum[e * steps:(e + 1) * steps]) for e in range(4)]
     assert sum(misses) < 4 * 10, "the cache must save some container reads"
+    predicted = step_misses(sizes, spec, capacity=capacity, ahead=1, to_files=catalog.file_index)
+    assert [int(e.sum()) for e in predicted] == misses, "stager whatif's cache model counts the same containers"
     assert [e["files_from_source"] for e in table] == misses
 
 

@@ -49,14 +49,6 @@ __all__ = ["Batch", "Pipeline"]
 log = logging.getLogger(__name__)
 
 
-def _most_files(spec, size):
-    """With the ``shards`` shuffle, ``ahead -> the most containers the node's look-ahead touches``; else None."""
-    most = getattr(getattr(spec, "shuffle_algorithm", None), "most_containers", None)
-    if most is None:
-        return None
-    return lambda ahead: most(ahead * spec.batch_size * size)
-
-
 def _more_rings(rings, count):
     """Shared memory for ``count`` more readers (an ``auto`` pool growing): ``(keep_fds, owned)``."""
     new = [Ring() for _ in range(count)]
@@ -272,7 +264,8 @@ class Pipeline:
             batch_size = getattr(spec, "batch_size", self._plan_cfg.batch_size)
             files = self.catalog.files
             capacity, ahead, window, note = staging_capacity(self._staging, path, files.sizes, batch_size,
-                                                             self._ahead(), ranks, _most_files(spec, world.size))
+                                                             self._ahead(), ranks,
+                                                             spec.most_files() if hasattr(spec, "most_files") else None)
             if note:
                 log.info("stager: %s", note)
             self._fit_ahead(ahead)

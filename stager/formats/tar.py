@@ -29,8 +29,9 @@ def split_name(name):
 
 _BLOCK = 512
 _REGULAR = (b"0", b"\0", b"7")  # regular files (7: contiguous, read as regular, as tarfile does)
-_SMALL = 32 << 10  # members smaller than this: read the following headers in chunks, not one by one
+_SMALL = 32 << 10  # members this small on average: read the headers in chunks, not one by one
 _CHUNK = 64 << 10
+_ZEROS = bytes(_BLOCK)
 
 
 def _number(field):
@@ -57,22 +58,25 @@ def _pax_path(data):
 def _members(fd, name, size):
     """Yields ``(member name, typeflag, data offset, data size)`` of a tar file's entries, headers only.
 
-    Reads the headers with ``pread`` (in chunks while members are small, so
-    a shard of small samples costs a few large reads), follows GNU long
-    names and pax ``path`` records, and checks each header's checksum.
+    Reads the headers with ``pread`` (in chunks while members are small on
+    average, so a shard of small samples costs a few large reads and one of
+    large samples little more than its headers), follows GNU long names and
+    pax ``path`` records, and checks each header's checksum.
     """
-    buf, buf_at, off, long_name, last = b"", 0, 0, None, 0
+    buf, buf_at, off, long_name, seen, count = b"", 0, 0, None, 0, 0
     while True:
         if not (buf_at <= off and off + _BLOCK <= buf_at + len(buf)):
-            buf, buf_at = os.pread(fd, _CHUNK if last < _SMALL else _BLOCK, off), off
+            small = seen < _SMALL * count or not count
+            buf, buf_at = os.pread(fd, _CHUNK if small else _BLOCK, off), off
         head = buf[off - buf_at:off - buf_at + _BLOCK]
         if len(head) < _BLOCK:
             raise CatalogError(f"tar shard {name} is truncated: it ends inside a header at byte {off} ({size} bytes)")
-        if head == bytes(_BLOCK):
+        if head == _ZEROS:
             return  # the end-of-archive marker
         stored, rest = _number(head[148:156]), head[:148] + head[156:]
+        unsigned = sum(rest) + 256
         # Unsigned, as POSIX says; some old tar programs summed signed bytes.
-        if stored not in (sum(rest) + 256, sum(rest) + 256 - 256 * sum(b > 127 for b in rest)):
+        if stored != unsigned and stored != unsigned - 256 * sum(b > 127 for b in rest):
             raise CatalogError(f"tar shard {name} cannot be read as a tar file: the header at byte {off} has a wrong "
                                "checksum")
         length, kind = _number(head[124:136]), head[156:157]
@@ -90,7 +94,7 @@ def _members(fd, name, size):
         elif kind != b"g":
             yield (long_name or member.decode("utf-8")), kind, data, length
             long_name = None
-        off, last = data + -(-length // _BLOCK) * _BLOCK, length
+        off, seen, count = data + -(-length // _BLOCK) * _BLOCK, seen + length, count + 1
 
 
 def index_tar(fileobj, name, size):

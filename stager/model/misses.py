@@ -51,7 +51,7 @@ def step_misses(sizes, spec, ranks=(0,), capacity=None, policy="auto", ahead=16,
     if not spec.epochs:
         raise ValueError("cache_misses needs a plan with a finite number of epochs")
     sizes = np.asarray(sizes, dtype=np.int64)
-    window = check_window(capacity, sizes, spec.batch_size, ahead, len(ranks))
+    window = check_window(capacity, sizes, spec.batch_size, ahead, len(ranks), spec.most_files())
     cache = Cache(sizes, policy_name(policy, capacity), capacity, window, to_files)
     for rank in ranks:
         cache.add_plan(rank, spec)

@@ -88,6 +88,18 @@ class PlanSpec:
         return cls(samples, plan.batch_size, plan.epochs, plan.seed, plan.shuffle, plan.drop_last,
                    plan.remainder, size, start, bound_shuffle(plan, containers), plan.split)
 
+    def most_files(self):
+        """``minibatches ahead -> the most containers one rank's look-ahead touches`` (the ``shards`` shuffle), else None.
+
+        A look-ahead of ``a`` minibatches covers ``a * batch_size * size``
+        consecutive samples of the global order (every rank takes its share
+        of each global minibatch).
+        """
+        most = getattr(self.shuffle_algorithm, "most_containers", None)
+        if most is None:
+            return None
+        return lambda ahead: most(ahead * self.batch_size * self.size)
+
     def minibatches(self, rank):
         """Rank ``rank``'s minibatches (see ``iterate``)."""
         return iterate(self.samples, self, self.start.epoch, self.start.consumed, rank, self.size)
