@@ -10,6 +10,7 @@ import yaml
 
 from .insight import add_insight_parsers, comma_numbers
 from .datasets import add_dataset_parsers
+from .simulate import add_simulate_parser
 from ..config import load_config
 from ..errors import StagerError
 from ..slowfs import ENGINES
@@ -277,6 +278,7 @@ def build_parser():
     b.set_defaults(func=_cmd_catalog)
 
     add_insight_parsers(sub)
+    add_simulate_parser(sub)
     p = sub.add_parser("clean", help="remove staging directories of this user's jobs that are gone",
                        description="Remove the stager-* directories under BASE that belong to this user's jobs on "
                                    "this host whose process is gone and whose lock nobody holds (a node reboot, or "

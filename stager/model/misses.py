@@ -50,40 +50,84 @@ def step_misses(sizes, spec, ranks=(0,), capacity=None, policy="auto", ahead=16,
     """
     if not spec.epochs:
         raise ValueError("cache_misses needs a plan with a finite number of epochs")
-    sizes = np.asarray(sizes, dtype=np.int64)
-    window = check_window(capacity, sizes, spec.batch_size, ahead, len(ranks), spec.most_files())
-    cache = Cache(sizes, policy_name(policy, capacity), capacity, window, to_files)
-    for rank in ranks:
-        cache.add_plan(rank, spec)
-    pending = collections.deque()  # files of requests made and not yet read, oldest first
+    node = NodeReplay(sizes, spec, ranks, capacity, policy, ahead, to_files)
     misses = collections.defaultdict(list)  # epoch: files fetched for each of its steps
-
-    def read_oldest():
-        for index in cache.release(pending.popleft()):
-            cache.removed(index)
-
     for seq, step in enumerate(zip(*(spec.minibatches(rank) for rank in ranks))):
-        fetched = 0
-        for rank, mb in zip(ranks, step):
-            while len(pending) >= ahead * len(ranks):
-                read_oldest()
-            cache.future.advance(rank, seq)
-            files = np.unique(mb.indices if to_files is None else to_files(mb.indices))
-            missing, _ = cache.pin(files)
-            while True:
-                victims = cache.room_for(int(sizes[missing].sum()))
-                if victims is not None:
-                    break
-                if not pending:
-                    raise CacheFull(f"capacity {capacity} cannot hold one minibatch")
-                read_oldest()
-            for index in victims:
-                cache.removed(index)
-            cache.fetching(missing)
-            for index in missing.tolist():
-                cache.staged(index)
-            fetched += len(missing)
-            pending.append(files)
+        fetched = sum(len(node.request(rank, seq, mb.indices)[0]) for rank, mb in zip(ranks, step))
         misses[step[0].epoch].append(fetched)
     first = spec.start.epoch
     return [np.array(misses[e], dtype=np.int64) for e in range(first, spec.epochs)]
+
+
+class NodeReplay:
+    """One node's cache, driven by its ranks' requests as the service sees them.
+
+    A request is admitted once the reads before it leave room: each rank
+    asks ``ahead`` minibatches past its reading, and the oldest request is
+    read (its pins released) whenever that many are outstanding or room is
+    needed. Fetches complete at once: what is replayed is which files each
+    request fetches, not when.
+
+    Args:
+        sizes: Sizes of the files in bytes.
+        spec: The ranks' ``plan.PlanSpec``.
+        ranks: The ranks that share the node's cache.
+        capacity: The cache's bytes, or None (unbounded).
+        policy: ``staging.cache_policy`` (``auto``: clairvoyant with a capacity).
+        ahead: Minibatches each rank asks for past its reading (``staging.lookahead``).
+        to_files: Maps samples to the files holding them, or None.
+        kept: Per file, whether other nodes count on this one holding it
+            (``Cache.kept``, with peers), or None.
+
+    Attributes:
+        cache: The node's ``cache.Cache``.
+
+    Raises:
+        ConfigError: For a capacity below the look-ahead window (as ``stager run`` would).
+    """
+
+    def __init__(self, sizes, spec, ranks, capacity=None, policy="auto", ahead=16, to_files=None, kept=None):
+        self.sizes = np.asarray(sizes, dtype=np.int64)
+        window = check_window(capacity, self.sizes, spec.batch_size, ahead, len(ranks), spec.most_files())
+        self.cache = Cache(self.sizes, policy_name(policy, capacity), capacity, window, to_files)
+        self.cache.kept = kept
+        for rank in ranks:
+            self.cache.add_plan(rank, spec)
+        self._to_files = to_files
+        self._most = ahead * len(ranks)
+        self._pending = collections.deque()  # files of requests made and not yet read, oldest first
+        self._capacity = capacity
+
+    def _read_oldest(self):
+        for index in self.cache.release(self._pending.popleft()):
+            self.cache.removed(index)
+
+    def request(self, rank, seq, indices):
+        """``rank`` asks for its minibatch ``seq`` of samples ``indices``.
+
+        Returns:
+            ``(missing, files)``: the files fetched for it, and all its distinct files.
+
+        Raises:
+            CacheFull: When the capacity cannot hold one minibatch.
+        """
+        cache = self.cache
+        while len(self._pending) >= self._most:
+            self._read_oldest()
+        cache.future.advance(rank, seq)
+        files = np.unique(indices if self._to_files is None else self._to_files(indices))
+        missing, _ = cache.pin(files)
+        while True:
+            victims = cache.room_for(int(self.sizes[missing].sum()))
+            if victims is not None:
+                break
+            if not self._pending:
+                raise CacheFull(f"capacity {self._capacity} cannot hold one minibatch")
+            self._read_oldest()
+        for index in victims:
+            cache.removed(index)
+        cache.fetching(missing)
+        for index in missing.tolist():
+            cache.staged(index)
+        self._pending.append(files)
+        return missing, files

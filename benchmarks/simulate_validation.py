@@ -1,0 +1,154 @@
+"""``stager simulate`` against real runs on this machine: epoch times and source reads, predicted and measured.
+
+Real ``stager run`` jobs under ``mpiexec`` as 1, 2 and 4 emulated nodes of
+one rank (``STAGER_NODE_ID``) over the slow file system emulator, across
+capacities, cache policies, peers and open latencies; beside each, the
+simulator's prediction for the same config on a profile of this machine:
+``configs/profiles/emulated.yaml`` (the emulator's latency, every node
+sharing the host's cores),
+and the node's costs from ``stager whatif --save``'s probe (calibrated once,
+before any run, never from the runs compared with).
+
+    .venv/bin/python benchmarks/simulate_validation.py --json docs/simulate-validation.json
+
+Prints a Markdown section for docs/benchmarks.md.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+from stager.cache import window_bytes
+from stager.catalog import Catalog
+from stager.config import load_config
+from stager.job.synth import MANIFEST, make_dataset
+from stager.model.whatif import load_rates
+from stager.plan import steps_per_epoch
+from stager.simulate import Layout, load_profile, simulate
+
+PROFILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs", "profiles", "emulated.yaml")
+COMBOS = [("unbounded", "auto", "off"), ("half", "clairvoyant", "off"), ("half", "lru", "off"),
+          ("half", "clairvoyant", "partition")]
+
+
+def real_run(cfg_path, nodes, sets, work):
+    """``stager run`` on ``nodes`` emulated nodes; returns its report."""
+    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    report = os.path.join(work, "r.json")
+    args = ["run", cfg_path, "--quiet", "--report", report] + [a for s in sets for a in ("--set", s)]
+    cmd = [mpiexec]
+    for i in range(nodes):
+        cmd += ([":"] if i else []) + ["-n", "1", "-env", "STAGER_NODE_ID", f"n{i}", sys.executable, "-m", "stager"]
+        cmd += args
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, TMPDIR=work), timeout=300)
+    if proc.returncode:
+        raise RuntimeError(proc.stderr[-3000:])
+    with open(report) as fh:
+        return json.load(fh)
+
+
+def measured_epochs(report, steps):
+    """Per epoch, the slowest rank's time from the previous epoch's end to its own (from the per-step series)."""
+    out = []
+    for rank in report["per_rank"]:
+        ends = rank["series"]["end"]
+        assert rank["series"]["stride"] == 1, "too many steps for a per-step series"
+        bounds = [0.0] + [ends[(e + 1) * steps - 1] for e in range(len(ends) // steps)]
+        out.append([b - a for a, b in zip(bounds, bounds[1:])])
+    return [max(col) for col in zip(*out)]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    defaults = {"samples": 1200, "bytes": 20_000, "epochs": 3, "batch-size": 16, "prefetchers": 4, "readers": 1,
+                "lookahead": 4, "compute-ms": 10.0}
+    for name, default in defaults.items():
+        ap.add_argument(f"--{name}", type=type(default), default=default)
+    ap.add_argument("--nodes", default="1,2,4")
+    ap.add_argument("--open-ms", default="10,2,25", help="the first for every combination, the others unbounded only")
+    ap.add_argument("--json")
+    opts = ap.parse_args()
+    nodes_list = [int(x) for x in opts.nodes.split(",")]
+    latencies = [float(x) for x in opts.open_ms.split(",")]
+    work = tempfile.mkdtemp(prefix="stager-simval-")
+    rows = []
+    try:
+        data = os.path.join(work, "data")
+        make_dataset(data, opts.samples, opts.bytes, progress=False)
+        catalog = Catalog.from_manifest(data, MANIFEST)
+        cfg_path = os.path.join(work, "job.yaml")
+        with open(cfg_path, "w") as fh:
+            json.dump({"dataset": {"source": data, "manifest": MANIFEST, "loader": "npy"},
+                       "slowfs": {"enabled": True, "open_ms": latencies[0]},
+                       "plan": {"batch_size": opts.batch_size, "epochs": opts.epochs, "seed": 3},
+                       "staging": {"local_dir": os.path.join(work, "local"), "prefetchers": opts.prefetchers,
+                                   "lookahead": opts.lookahead},
+                       "reader": {"workers": opts.readers, "ahead": 2},
+                       "run": {"compute_ms": opts.compute_ms}}, fh)
+        rates_path = os.path.join(work, "rates.json")
+        subprocess.run([sys.executable, "-m", "stager", "whatif", cfg_path, "--save", rates_path, "--prefetchers",
+                        str(opts.prefetchers), "--readers", str(opts.readers)], check=True, capture_output=True,
+                       env=dict(os.environ, TMPDIR=work))
+        rates = load_rates(rates_path)
+        cases = [(n, combo, latencies[0]) for n in nodes_list for combo in COMBOS]
+        cases += [(n, COMBOS[0], ms) for n in nodes_list for ms in latencies[1:]]
+        for nodes, (share, policy, peers), open_ms in cases:
+            ahead = max(opts.lookahead, 2)
+            window = window_bytes(catalog.sizes, opts.batch_size, ahead, 1)
+            capacity = ("unbounded" if share == "unbounded"
+                        else str(int(catalog.sizes.sum()) // nodes // 2 + window))
+            sets = [f"staging.capacity={capacity}", f"staging.cache_policy={policy}", f"staging.peers={peers}",
+                    f"slowfs.open_ms={open_ms}"]
+            report = real_run(cfg_path, nodes, sets, work)
+            shutil.rmtree(os.path.join(work, "local"), ignore_errors=True)
+            cfg = load_config(cfg_path, sets)
+            profile = load_profile(PROFILE, [f"filesystem.open_ms={open_ms}"]).with_rates(rates)
+            sim = simulate(cfg, profile, Layout(nodes), catalog.sizes)["methods"]["stager"]
+            steps = steps_per_epoch(len(catalog), opts.batch_size, False, nodes)
+            measured = measured_epochs(report, steps)
+            row = {"nodes": nodes, "capacity": share, "policy": policy, "peers": peers, "open_ms": open_ms,
+                   "measured_s": measured, "predicted_s": [e["seconds"] for e in sim["epochs"]],
+                   "measured_source": [e["files_from_source"] for e in report["cache"]],
+                   "predicted_source": [e["source_files"] for e in sim["epochs"]]}
+            rows.append(row)
+            print(json.dumps(row), file=sys.stderr)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    result = {"options": vars(opts), "calibration": rates.to_dict(), "rows": rows}
+    if opts.json:
+        with open(opts.json, "w") as fh:
+            json.dump(result, fh, indent=1)
+    print(markdown(result, " ".join(sys.argv[1:])))
+
+
+def markdown(result, args):
+    opts, rows = result["options"], result["rows"]
+    lines = [f"Command: `.venv/bin/python benchmarks/simulate_validation.py {args}`", "",
+             f"{opts['samples']} files of {opts['bytes']} bytes, {opts['epochs']} epochs, batch {opts['batch_size']}, "
+             f"{opts['prefetchers']} prefetchers and {opts['readers']} reader a node, look-ahead {opts['lookahead']}, "
+             f"{opts['compute_ms']:g} ms compute a step; \"half\" is half the node's share of the dataset plus the "
+             "look-ahead window.", "",
+             "| nodes | capacity | policy | peers | open ms | epoch s measured | epoch s predicted | error | "
+             "files from source measured | predicted |", "|---|---|---|---|---|---|---|---|---|---|"]
+    errors = []
+    for r in rows:
+        err = [p / m - 1 for m, p in zip(r["measured_s"], r["predicted_s"])]
+        errors += err
+        lines.append(f"| {r['nodes']} | {r['capacity']} | {r['policy']} | {r['peers']} | {r['open_ms']:g} | "
+                     f"{' / '.join(f'{x:.2f}' for x in r['measured_s'])} | "
+                     f"{' / '.join(f'{x:.2f}' for x in r['predicted_s'])} | "
+                     f"{' / '.join(f'{x:+.0%}' for x in err)} | {' / '.join(map(str, r['measured_source']))} | "
+                     f"{' / '.join(map(str, r['predicted_source']))} |")
+    exact = sum(r["measured_source"] == r["predicted_source"] for r in rows)
+    within = sum(abs(e) <= 0.15 for e in errors)
+    lines.append(f"\nEpoch times within 15%: {within} of {len(errors)}; largest error {max(map(abs, errors)):.0%}. "
+                 f"Source reads equal in {exact} of {len(rows)} settings.")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

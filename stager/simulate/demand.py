@@ -1,0 +1,198 @@
+"""What each node reads at each step, and from where: the plan through the engine's own cache, exactly.
+
+Which files a node fetches does not depend on timing: its ranks' minibatches
+follow from the plan, and a clairvoyant cache decides from the plan alone.
+So the demand is computed before any time is simulated, by replaying each
+node's requests through ``model.misses.NodeReplay`` (the engine's
+``cache.Cache`` and policy). With peers, a file a node misses is asked of
+its owner (``engine.peers.ownership``): it comes from the owner while the
+owner holds it or has not yet staged it (the owner's fetcher then waits for
+it, as the engine's does), and from the source once the owner has dropped
+it.
+
+Only ``tracked`` nodes are replayed; the others are exchangeable with them
+(every node's share of a random permutation looks alike), so node ``n`` is
+simulated with the demand of tracked node ``n mod K``. Whether an untracked
+owner still holds a file is estimated from the tracked nodes: the share of
+its owned files they have dropped by then, taken from the highest indices
+down, as the clairvoyant policy's tie rule drops them. With every node
+tracked, nothing is estimated.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..cache import ABSENT
+from ..engine.peers.ownership import NO_OWNER, first_epoch_owners
+from ..model.misses import NodeReplay
+from ..plan import read_at
+
+# Ownership is evaluated rank by rank (the engine's own function) up to this
+# many ranks; beyond it, from the inverse of the first epoch's permutation in
+# one pass (``plan.read_at``), which gives the same owners except for the
+# few samples read twice as padding.
+EXACT_OWNERS_RANKS = 256
+
+
+@dataclass
+class NodeDemand:
+    """One tracked node's reads, one entry per step of the job (every rank's minibatch of it).
+
+    Attributes:
+        node: The node's index.
+        source_files, source_bytes: Fetched from the shared file system.
+        peer_files, peer_bytes: Fetched from other nodes' caches.
+        local_files, local_bytes: Already in the node's cache.
+        samples: Samples of each of the node's ranks at the step.
+    """
+
+    node: int
+    source_files: np.ndarray
+    source_bytes: np.ndarray
+    peer_files: np.ndarray
+    peer_bytes: np.ndarray
+    local_files: np.ndarray
+    local_bytes: np.ndarray
+    samples: np.ndarray
+
+
+@dataclass
+class Demand:
+    """Every tracked node's reads, and the steps' epochs.
+
+    Attributes:
+        nodes: Nodes in the job.
+        ranks_per_node: Ranks of each node.
+        epochs: Per step, its epoch.
+        tracked: A ``NodeDemand`` per tracked node (node ``n`` reads as ``tracked[n % len(tracked)]``).
+    """
+
+    nodes: int
+    ranks_per_node: int
+    epochs: np.ndarray
+    tracked: list
+
+    def of(self, node):
+        return self.tracked[node % len(self.tracked)]
+
+    def totals(self, key):
+        """``key`` (``source_files``...) summed over every node, per epoch (estimated where nodes are untracked)."""
+        out = np.zeros(int(self.epochs.max()) + 1 if len(self.epochs) else 0)
+        for node in range(self.nodes):
+            np.add.at(out, self.epochs, getattr(self.of(node), key))
+        return out
+
+
+def owners(spec, files, nodes, ranks_per_node, to_files=None, exact_ranks=EXACT_OWNERS_RANKS):
+    """Per file, the node that owns it with peers: the node of the first rank to read it in the first epoch.
+
+    Up to ``exact_ranks`` ranks, by the engine's own function; beyond, in one pass.
+    """
+    node_of_rank = np.repeat(np.arange(nodes, dtype=np.int32), ranks_per_node)
+    if spec.size <= exact_ranks:
+        return first_epoch_owners(spec, files, spec.size, node_of_rank, to_files)
+    reads = read_at(spec, spec.start.epoch, np.arange(spec.samples, dtype=np.int64))
+    read = reads.rank >= 0
+    samples = np.flatnonzero(read)
+    target = samples if to_files is None else to_files(samples)
+    first = np.full(files, np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(first, target, reads.rank[read])
+    out = np.full(files, NO_OWNER, dtype=np.int32)
+    found = first != np.iinfo(np.int64).max
+    out[found] = node_of_rank[first[found]]
+    return out
+
+
+class _Holders:
+    """Whether a file's owner still holds it, for owners that are tracked (exactly) or not (estimated)."""
+
+    def __init__(self, owner, replays):
+        self.owner, self.replays = owner, replays
+        self.gone_share = 0.0
+        files = len(owner)
+        order = np.lexsort((np.arange(files), owner))  # by owner, then by index
+        counts = np.bincount(owner[owner >= 0], minlength=max(int(owner.max()) + 1, 1)) if files else np.zeros(1, int)
+        starts = np.concatenate([[0], np.cumsum(counts)])
+        rank = np.empty(files, dtype=np.float64)
+        valid = order[owner[order] >= 0]
+        pos = np.arange(len(valid)) - starts[owner[valid]]
+        rank[valid] = (pos + 0.5) / counts[owner[valid]]  # place among its owner's files, by index, in (0, 1)
+        self.place = rank
+
+    def update(self):
+        """The share of their owned files that the tracked nodes have dropped by now."""
+        owned = gone = 0
+        for node, replay in self.replays.items():
+            cache = replay.cache
+            mine = self.owner == node
+            owned += int(mine.sum())
+            gone += int((mine & (cache.admitted_at > 0) & (cache.state == ABSENT)).sum())
+        self.gone_share = gone / owned if owned else 0.0
+
+    def held(self, files):
+        """Per file, whether its owner holds it (or will: it has not staged it yet)."""
+        out = np.empty(len(files), dtype=bool)
+        for i, f in enumerate(files.tolist()):
+            replay = self.replays.get(int(self.owner[f]))
+            if replay is None:
+                out[i] = self.place[f] < 1.0 - self.gone_share
+            else:
+                cache = replay.cache
+                out[i] = cache.state[f] != ABSENT or cache.admitted_at[f] == 0
+        return out
+
+
+def node_demand(sizes, spec, nodes, ranks_per_node, tracked=None, capacity=None, policy="auto", ahead=16,
+                peers=False, to_files=None):
+    """Each tracked node's reads per step, from the plan and the engine's cache.
+
+    Args:
+        sizes: File sizes in bytes.
+        spec: The job's ``plan.PlanSpec`` (``spec.size`` is ``nodes * ranks_per_node``).
+        nodes: Nodes in the job.
+        ranks_per_node: Ranks on each node (ranks ``n * R .. n * R + R - 1`` on node ``n``).
+        tracked: How many nodes to replay (the first ones); None: all.
+        capacity: Bytes each node's cache may hold, or None (unbounded).
+        policy: ``staging.cache_policy``.
+        ahead: Minibatches each rank asks for past its reading.
+        peers: ``staging.peers: partition``.
+        to_files: Maps samples to the files holding them, or None.
+
+    Returns:
+        A ``Demand``.
+    """
+    sizes = np.asarray(sizes, dtype=np.int64)
+    tracked = nodes if tracked is None else max(1, min(tracked, nodes))
+    owner = owners(spec, len(sizes), nodes, ranks_per_node, to_files) if peers else None
+    replays = {n: NodeReplay(sizes, spec, range(n * ranks_per_node, (n + 1) * ranks_per_node), capacity, policy,
+                             ahead, to_files, kept=None if owner is None else owner == n) for n in range(tracked)}
+    holders = _Holders(owner, replays) if owner is not None else None
+    rows = {n: [] for n in range(tracked)}
+    epochs = []
+    streams = {n: zip(*(spec.minibatches(r) for r in range(n * ranks_per_node, (n + 1) * ranks_per_node)))
+               for n in range(tracked)}
+    for seq, step in enumerate(zip(*streams.values())):
+        epochs.append(step[0][0].epoch)
+        for n, minibatches in zip(range(tracked), step):
+            fetched, local = [], []
+            for offset, mb in enumerate(minibatches):
+                missing, files = replays[n].request(n * ranks_per_node + offset, seq, mb.indices)
+                fetched.append(missing)
+                local.append(np.setdiff1d(files, missing, assume_unique=True))
+            fetched, local = np.concatenate(fetched), np.concatenate(local)
+            from_peer = np.zeros(len(fetched), dtype=bool)
+            if holders is not None and len(fetched):
+                elsewhere = (owner[fetched] != NO_OWNER) & (owner[fetched] != n)
+                from_peer[elsewhere] = holders.held(fetched[elsewhere])
+            source, peer = fetched[~from_peer], fetched[from_peer]
+            rows[n].append((len(source), sizes[source].sum(), len(peer), sizes[peer].sum(), len(local),
+                            sizes[local].sum(), len(minibatches[0].indices)))
+        if holders is not None and tracked < nodes:
+            holders.update()
+    demand = []
+    for n in range(tracked):
+        cols = np.array(rows[n], dtype=np.int64).reshape(-1, 7).T
+        demand.append(NodeDemand(n, *cols))
+    return Demand(nodes, ranks_per_node, np.array(epochs, dtype=np.int64), demand)
+

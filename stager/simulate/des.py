@@ -1,0 +1,244 @@
+"""The job in simulated time (SimPy): the stages of every node over a shared file system.
+
+What each node fetches at each step comes from ``demand`` (exact, from the
+plan); this module adds when. Per node, the service asks for step ``s`` once
+every rank of the node has consumed step ``s - ahead``, splits its files into
+at most one chunk per prefetcher (a chunk's files are fetched one after the
+other by one prefetcher: in aggregate, one event for several files), and the
+step is ready when its chunks are. Each rank's readers decode a ready step
+once it is within ``read_ahead`` of the rank's position, and the rank's
+coordinator thread receives it (the rank's own CPU, one step at a time, in
+parallel with the training step); the rank waits for it (the stall), then
+computes.
+
+A fetch of ``k`` files and ``b`` bytes from the shared file system takes
+``k`` open latencies, ``k`` operations of the metadata service (one queue
+for every node, at its rate less other jobs' share), ``b`` bytes through the
+node's client and through the file system's aggregate bandwidth (two queues,
+crossed at once: the slower decides), and the prefetcher's CPU. A fetch
+from a peer takes a round trip per file and the node's link. Every CPU
+burst holds one of the node's cores (of the host's, for emulated nodes).
+"""
+
+import simpy
+
+import numpy as np
+
+from .log import Log
+
+
+class _Cores:
+    """A node's cores (or a host's, shared): each CPU burst holds one."""
+
+    def __init__(self, env, cores):
+        self.env = env
+        self.pool = simpy.Resource(env, capacity=max(1, int(round(cores))))
+
+    def run(self, seconds):
+        if seconds <= 0:
+            return
+        with self.pool.request() as req:
+            yield req
+            yield self.env.timeout(seconds)
+
+
+def _hold(env, resource, seconds):
+    with resource.request() as req:
+        yield req
+        yield env.timeout(seconds)
+
+
+class SharedFS:
+    """The shared file system: latency, the metadata queue and the aggregate bandwidth."""
+
+    def __init__(self, env, fs, log):
+        self.env, self.fs, self.log = env, fs, log
+        free = 1.0 - fs.other_load
+        self.open_s = fs.open_ms / 1e3
+        self.op_s = 1.0 / (fs.mds_ops_per_s * free) if fs.mds_ops_per_s else 0.0
+        self.byte_s = 1.0 / (fs.aggregate_mbps * 1e6 * free) if fs.aggregate_mbps else 0.0
+        self.client_byte_s = 1.0 / (fs.client_mbps * 1e6) if fs.client_mbps else 0.0
+        self.mds = simpy.Resource(env, 1)
+        self.pipe = simpy.Resource(env, 1)
+
+    def read(self, link, files, nbytes):
+        """Opens and reads ``files`` files of ``nbytes`` in all, one after the other, through a node's ``link``."""
+        env = self.env
+        if self.open_s:
+            yield env.timeout(files * self.open_s)
+        if self.op_s:
+            yield env.process(_hold(env, self.mds, files * self.op_s))
+        transfers = []
+        if self.byte_s and nbytes:
+            transfers.append(env.process(_hold(env, self.pipe, nbytes * self.byte_s)))
+        if self.client_byte_s and nbytes:
+            transfers.append(env.process(_hold(env, link, nbytes * self.client_byte_s)))
+        if transfers:
+            yield env.all_of(transfers)
+        self.log.source(env.now, files, nbytes)
+
+
+def _chunks(files, nbytes, ways):
+    """``files`` files of ``nbytes`` split into at most ``ways`` chunks: ``(files, bytes)`` each."""
+    files, nbytes = int(files), int(nbytes)
+    if files <= 0:
+        return []
+    ways = min(ways, files)
+    counts = np.full(ways, files // ways)
+    counts[:files % ways] += 1
+    return [(int(c), nbytes * int(c) // files) for c in counts]
+
+
+class Job:
+    """Every node and rank of one simulated job.
+
+    Args:
+        profile: A ``Profile``.
+        demand: A ``demand.Demand``.
+        prefetchers: Prefetchers per node.
+        readers: Readers per rank.
+        ahead: Steps the service is asked for past the slowest rank of the node.
+        read_ahead: Steps decoded past a rank's position.
+        compute_s: The training step.
+    """
+
+    def __init__(self, profile, demand, prefetchers, readers, ahead, read_ahead, compute_s):
+        self.env = env = simpy.Environment()
+        self.profile, self.demand = profile, demand
+        self.prefetchers, self.readers = prefetchers, readers
+        self.ahead, self.read_ahead, self.compute_s = ahead, read_ahead, compute_s
+        self.steps = len(demand.epochs)
+        self.log = Log(demand.nodes * demand.ranks_per_node, demand.epochs)
+        self.fs = SharedFS(env, profile.filesystem, self.log)
+        c = profile.costs
+        self.copy_s, self.read_s, self.batch_s, self.main_s = c.copy_ms / 1e3, c.read_ms / 1e3, c.batch_ms / 1e3, \
+            c.main_ms / 1e3
+        host = _Cores(env, profile.node.cores) if profile.node.shared_host else None
+        self.cores = [host or _Cores(env, profile.node.cores) for _ in range(demand.nodes)]
+        net = profile.network
+        self.peer_s, self.peer_byte_s = net.latency_ms / 1e3, (1.0 / (net.node_mbps * 1e6) if net.node_mbps else 0.0)
+        rpn = demand.ranks_per_node
+        self.consumed = [[env.event() for _ in range(self.steps)] for _ in range(demand.nodes * rpn)]
+
+    def run(self, mode="staged", dataset=(0, 0)):
+        """Simulates the job.
+
+        Args:
+            mode: ``staged`` (the pipeline), ``direct`` (every rank's readers
+                open the source, as ``DataLoader`` workers do) or ``stage-all``
+                (each node copies the whole dataset first, then reads locally).
+            dataset: ``(files, bytes)`` of the whole dataset, for ``stage-all``.
+
+        Returns:
+            The ``Log`` of what happened.
+        """
+        rpn = self.demand.ranks_per_node
+        for node in range(self.demand.nodes):
+            link = simpy.Resource(self.env, 1)
+            ready = None
+            if mode != "direct":
+                ready = [self.env.event() for _ in range(self.steps)]
+                body = self._service(node, link, ready) if mode == "staged" else self._stage_all(node, link, ready,
+                                                                                                  *dataset)
+                self.env.process(body)
+            for rank in range(node * rpn, (node + 1) * rpn):
+                decoded = [self.env.event() for _ in range(self.steps)]
+                self.env.process(self._dispatch(node, rank, link, ready, decoded))
+                self.env.process(self._rank(node, rank, decoded))
+        self.env.run()
+        return self.log
+
+    def _after(self, ranks, step):
+        """An event once every rank of ``ranks`` has consumed ``step`` (immediately for a step before 0)."""
+        if step < 0:
+            return None
+        return self.env.all_of([self.consumed[r][step] for r in ranks])
+
+    def _service(self, node, link, ready):
+        env, rpn = self.env, self.demand.ranks_per_node
+        d = self.demand.of(node)
+        threads = simpy.Resource(env, self.prefetchers)
+        peer_threads = simpy.Resource(env, self.prefetchers)
+        ranks = range(node * rpn, (node + 1) * rpn)
+        for s in range(self.steps):
+            gate = self._after(ranks, s - self.ahead)
+            if gate is not None:
+                yield gate
+            jobs = [env.process(self._fetch(node, threads, link, f, b))
+                    for f, b in _chunks(d.source_files[s], d.source_bytes[s], self.prefetchers)]
+            jobs += [env.process(self._peer(node, peer_threads, f, b))
+                     for f, b in _chunks(d.peer_files[s], d.peer_bytes[s], self.prefetchers)]
+            self.log.peer(int(d.peer_files[s]), int(d.peer_bytes[s]))
+            if jobs:
+                env.process(self._when_all(jobs, ready[s]))
+            else:
+                ready[s].succeed()
+
+    def _stage_all(self, node, link, ready, files, nbytes):
+        env = self.env
+        threads = simpy.Resource(env, self.prefetchers)
+        # In aggregate: each prefetcher's share in a few chunks, not file by file.
+        jobs = [env.process(self._fetch(node, threads, link, f, b))
+                for f, b in _chunks(files, nbytes, 8 * self.prefetchers)]
+        yield env.all_of(jobs)
+        for event in ready:
+            event.succeed()
+
+    def _when_all(self, jobs, event):
+        yield self.env.all_of(jobs)
+        event.succeed()
+
+    def _fetch(self, node, threads, link, files, nbytes):
+        with threads.request() as req:
+            yield req
+            yield self.env.process(self.fs.read(link, files, nbytes))
+            yield self.env.process(self.cores[node].run(files * self.copy_s))
+
+    def _peer(self, node, threads, files, nbytes):
+        with threads.request() as req:
+            yield req
+            yield self.env.timeout(files * self.peer_s + nbytes * self.peer_byte_s)
+            yield self.env.process(self.cores[node].run(files * self.copy_s))
+
+    def _dispatch(self, node, rank, link, ready, decoded):
+        env = self.env
+        pool = simpy.Resource(env, self.readers)
+        coordinator = simpy.Resource(env, 1)
+        d = self.demand.of(node)
+        share = self.demand.ranks_per_node
+        for s in range(self.steps):
+            if ready is not None:
+                yield ready[s]
+            gate = self._after((rank,), s - self.read_ahead)
+            if gate is not None:
+                yield gate
+            samples = int(d.samples[s])
+            if ready is None:  # reading the source directly: this rank's share of the step's files
+                files = samples
+                nbytes = int((d.source_bytes[s] + d.peer_bytes[s] + d.local_bytes[s]) // max(1, share))
+                env.process(self._read(node, pool, coordinator, samples, decoded[s], (link, files, nbytes)))
+            else:
+                env.process(self._read(node, pool, coordinator, samples, decoded[s]))
+
+    def _read(self, node, pool, coordinator, samples, done, direct=None):
+        """A reader decodes one step (opening the source first when ``direct`` is ``(link, files, bytes)``)."""
+        with pool.request() as req:
+            yield req
+            if direct is not None:
+                yield self.env.process(self.fs.read(*direct))
+            yield self.env.process(self.cores[node].run(samples * self.read_s + self.batch_s))
+        with coordinator.request() as req:
+            yield req
+            yield self.env.process(self.cores[node].run(samples * self.main_s))
+        done.succeed()
+
+    def _rank(self, node, rank, decoded):
+        env = self.env
+        for s in range(self.steps):
+            begin = env.now
+            yield decoded[s]
+            self.log.wait(rank, s, env.now - begin)
+            if self.compute_s:
+                yield env.timeout(self.compute_s)
+            self.log.step(rank, s, env.now)
+            self.consumed[rank][s].succeed()

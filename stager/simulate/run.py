@@ -1,0 +1,162 @@
+"""``stager simulate``: a job's config at any number of nodes, on a profile's machine, against the baselines.
+
+Each method is the same plan on the same machine read another way:
+
+- ``stager``: the config's own staging (its capacity, policy and peers);
+- ``no-peers``: the same without peers;
+- ``unbounded``: the same with a cache that keeps everything;
+- ``direct``: every rank's readers open the shared file system, as
+  ``DataLoader`` workers do;
+- ``stage-all``: every node copies the whole dataset first, then reads it
+  locally (refused when the dataset does not fit the node).
+"""
+
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from .demand import node_demand
+from .des import Job
+from ..cache import parse_capacity, policy_name
+from ..errors import ConfigError
+from ..plan import PlanSpec
+
+METHODS = ("stager", "no-peers", "unbounded", "direct", "stage-all")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The job's shape and what the simulation keeps exact.
+
+    Attributes:
+        nodes: Nodes in the job.
+        ranks_per_node: Ranks on each node.
+        tracked: Nodes whose cache is replayed file by file (the others read as they do); None: all.
+    """
+
+    nodes: int
+    ranks_per_node: int = 1
+    tracked: int = None
+
+    def __post_init__(self):
+        if self.nodes < 1 or self.ranks_per_node < 1 or (self.tracked is not None and self.tracked < 1):
+            raise ConfigError("stager simulate: --nodes, --ranks-per-node and --tracked must be at least 1")
+
+
+def _count(value, key):
+    if not isinstance(value, int):
+        raise ConfigError(f"stager simulate needs a number for {key}, not {value!r}: set one with --set {key}=N")
+    return value
+
+
+def capacity_bytes(staging, profile, dataset_bytes):
+    """``staging.capacity`` in bytes on a profile's node, or None (unbounded)."""
+    parsed = parse_capacity(staging.capacity)
+    if parsed is None:
+        return None
+    kind, value = parsed
+    local = profile.node.local_gb * 1e9
+    if kind == "bytes":
+        return value
+    if kind == "share":
+        return int(value * local)
+    return None if dataset_bytes <= 0.8 * local else int(0.8 * local)  # auto, as storage.space resolves it
+
+
+def simulate(cfg, profile, layout, sizes, to_files=None, containers=None, methods=("stager",)):
+    """Simulates ``cfg``'s job on ``profile``'s machine, once per method.
+
+    Args:
+        cfg: A ``Config`` (plan, staging, reader, run).
+        profile: A ``Profile``.
+        layout: A ``Layout``.
+        sizes: File sizes in bytes (the catalog's, or an assumed dataset's).
+        to_files: Maps samples to the files holding them, or None.
+        containers: Per sample, its container (for the ``shards`` shuffle), or None.
+        methods: Names from ``METHODS``.
+
+    Returns:
+        A dict: the settings and, per method, per epoch and overall: time, stall,
+        and files and bytes from the source, from peers and already local,
+        with the file system's peak load.
+    """
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        raise ConfigError(f"stager simulate: unknown method(s) {unknown}; known: {', '.join(METHODS)}")
+    sizes = np.asarray(sizes, dtype=np.int64)
+    samples = len(sizes) if to_files is None else len(containers)
+    size = layout.nodes * layout.ranks_per_node
+    spec = PlanSpec.from_config(samples, cfg.plan, size, containers=containers)
+    if not spec.epochs:
+        raise ConfigError("stager simulate needs plan.epochs above 0")
+    staging, reader = cfg.staging, cfg.reader
+    prefetchers = _count(staging.prefetchers, "staging.prefetchers")
+    readers = _count(reader.workers, "reader.workers")
+    read_ahead = reader.ahead or 2 * readers
+    ahead = max(staging.lookahead, read_ahead)
+    capacity = capacity_bytes(staging, profile, int(sizes.sum()))
+    compute_ms = profile.costs.compute_ms if profile.costs.compute_ms is not None else cfg.run.compute_ms
+    out = {"nodes": layout.nodes, "ranks_per_node": layout.ranks_per_node, "samples": samples, "files": len(sizes),
+           "dataset_bytes": int(sizes.sum()), "epochs": spec.epochs, "batch_size": spec.batch_size,
+           "capacity": capacity, "policy": policy_name(staging.cache_policy, capacity), "peers": staging.peers,
+           "prefetchers": prefetchers, "readers": readers, "lookahead": ahead, "compute_ms": compute_ms,
+           "tracked": layout.tracked or layout.nodes, "profile": profile.to_dict(), "methods": {}}
+    demands = {}
+
+    def demand(cap, peers):
+        key = (cap, peers)
+        if key not in demands:
+            demands[key] = node_demand(sizes, spec, layout.nodes, layout.ranks_per_node, layout.tracked, cap,
+                                       staging.cache_policy if cap is not None else "auto", ahead, peers, to_files)
+        return demands[key]
+
+    peers = staging.peers == "partition"
+    for method in methods:
+        begin = time.process_time()
+        if method == "stage-all" and capacity is not None and capacity < sizes.sum():
+            out["methods"][method] = {"fits": False}
+            continue
+        if method in ("stager", "no-peers"):
+            d = demand(capacity, peers and method == "stager")
+        else:
+            d = demand(None, method == "unbounded" and peers)
+        job = Job(profile, d, prefetchers, readers, ahead, read_ahead, compute_ms / 1e3)
+        mode = {"direct": "direct", "stage-all": "stage-all"}.get(method, "staged")
+        log = job.run(mode, (len(sizes), int(sizes.sum())))
+        out["methods"][method] = _summary(method, d, log, layout, samples, spec, begin)
+    return out
+
+
+def _summary(method, demand, log, layout, samples, spec, begin):
+    epochs = log.per_epoch()
+    if method == "direct":
+        per_step = demand.totals("source_files") + demand.totals("peer_files") + demand.totals("local_files")
+        # A rank reads each of its samples from the source: the node's distinct files at a step are the ranks' samples.
+        read_files = per_step
+        read_bytes = (demand.totals("source_bytes") + demand.totals("peer_bytes") + demand.totals("local_bytes"))
+        tables = {"source_files": read_files, "source_bytes": read_bytes, "peer_files": 0 * read_files,
+                  "peer_bytes": 0 * read_files, "local_files": 0 * read_files}
+    elif method == "stage-all":
+        zero = 0 * demand.totals("source_files")
+        copied_files, copied_bytes = zero.copy(), zero.copy()
+        copied_files[0], copied_bytes[0] = log.source_reads()  # the copy before the first step
+        tables = {"source_files": copied_files, "source_bytes": copied_bytes, "peer_files": zero, "peer_bytes": zero,
+                  "local_files": demand.totals("source_files") + demand.totals("peer_files")
+                  + demand.totals("local_files")}
+    else:
+        tables = {k: demand.totals(k) for k in ("source_files", "source_bytes", "peer_files", "peer_bytes",
+                                                "local_files")}
+    for row in epochs:
+        for key, values in tables.items():
+            row[key] = int(values[row["epoch"]])
+    files, nbytes = log.source_reads()
+    peak_opens, peak_bytes = log.peak_rates()
+    seconds = sum(r["seconds"] for r in epochs)
+    waited = float(log.waits.sum(axis=1).mean())
+    return {"seconds": seconds, "stall": waited / seconds if seconds > 0 else 0.0, "epochs": epochs,
+            "source_files": files, "source_bytes": nbytes,
+            "source_files_per_node": files / layout.nodes, "peak_opens_per_s": peak_opens,
+            "peak_mb_per_s": peak_bytes / 1e6, "samples_per_s": samples * len(epochs) / seconds if seconds else math.inf,
+            "simulation_cpu_s": time.process_time() - begin}
