@@ -6,8 +6,13 @@ capacities, cache policies, peers and open latencies; beside each, the
 simulator's prediction for the same config on a profile of this machine:
 ``configs/profiles/emulated.yaml`` (the emulator's latency, every node
 sharing the host's cores),
-and the node's costs from ``stager whatif --save``'s probe (calibrated once,
-before any run, never from the runs compared with).
+and the node's costs from ``stager whatif --report RUN --save``: a probe
+refined by one run of its own (1 node, another seed); what a fetched file
+costs the whole machine (the prefetcher, the emulator's daemon, the kernel,
+the rank's threads) from that run and a second one that fetches more files
+(a bounded LRU cache): the difference of the host's busy CPU seconds over
+the difference of the files. Both runs are made before and apart from the
+runs compared with.
 
     .venv/bin/python benchmarks/simulate_validation.py --json docs/simulate-validation.json
 
@@ -22,9 +27,11 @@ import subprocess
 import sys
 import tempfile
 
+from peers import run_job  # benchmarks/peers.py: stager run under mpiexec as emulated nodes
 from stager.cache import window_bytes
 from stager.catalog import Catalog
 from stager.config import load_config
+from stager.engine.perf import cpu_ticks
 from stager.job.synth import MANIFEST, make_dataset
 from stager.model.whatif import load_rates
 from stager.plan import steps_per_epoch
@@ -35,20 +42,10 @@ COMBOS = [("unbounded", "auto", "off"), ("half", "clairvoyant", "off"), ("half",
           ("half", "clairvoyant", "partition")]
 
 
-def real_run(cfg_path, nodes, sets, work):
-    """``stager run`` on ``nodes`` emulated nodes; returns its report."""
-    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    report = os.path.join(work, "r.json")
-    args = ["run", cfg_path, "--quiet", "--report", report] + [a for s in sets for a in ("--set", s)]
-    cmd = [mpiexec]
-    for i in range(nodes):
-        cmd += ([":"] if i else []) + ["-n", "1", "-env", "STAGER_NODE_ID", f"n{i}", sys.executable, "-m", "stager"]
-        cmd += args
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, TMPDIR=work), timeout=300)
-    if proc.returncode:
-        raise RuntimeError(proc.stderr[-3000:])
-    with open(report) as fh:
-        return json.load(fh)
+def half_capacity(catalog, nodes, opts):
+    """Half a node's share of the dataset, plus the look-ahead window."""
+    window = window_bytes(catalog.sizes, opts.batch_size, max(opts.lookahead, 2), 1)
+    return int(catalog.sizes.sum()) // nodes // 2 + window
 
 
 def measured_epochs(report, steps):
@@ -89,24 +86,40 @@ def main():
                                    "lookahead": opts.lookahead},
                        "reader": {"workers": opts.readers, "ahead": 2},
                        "run": {"compute_ms": opts.compute_ms}}, fh)
+        # The calibration: a probe refined by a run of its own (another seed), as `stager whatif --report`
+        # does; then what a fetched file costs the whole machine (prefetcher, emulator daemon, kernel, the
+        # rank's threads): two runs of the same samples that fetch different numbers of files, the
+        # difference of the host's busy CPU seconds over the difference of the files.
+        runs = {}
+        for name, extra in (("all", ["staging.capacity=unbounded"]),
+                            ("half", [f"staging.capacity={half_capacity(catalog, 1, opts)}",
+                                      "staging.cache_policy=lru"])):
+            before = cpu_ticks()
+            runs[name] = run_job(cfg_path, 1, ["plan.seed=11"] + extra, work)
+            after = cpu_ticks()
+            runs[name]["busy_cpu_s"] = (after[0] - before[0]) / os.sysconf("SC_CLK_TCK")
+            shutil.rmtree(os.path.join(work, "local"), ignore_errors=True)
+        with open(os.path.join(work, "calibration-run.json"), "w") as fh:
+            json.dump(runs["all"], fh)
         rates_path = os.path.join(work, "rates.json")
-        subprocess.run([sys.executable, "-m", "stager", "whatif", cfg_path, "--save", rates_path, "--prefetchers",
+        subprocess.run([sys.executable, "-m", "stager", "whatif", cfg_path, "--report",
+                        os.path.join(work, "calibration-run.json"), "--save", rates_path, "--prefetchers",
                         str(opts.prefetchers), "--readers", str(opts.readers)], check=True, capture_output=True,
                        env=dict(os.environ, TMPDIR=work))
         rates = load_rates(rates_path)
+        fetched = {k: sum(e["files_from_source"] for e in r["cache"]) for k, r in runs.items()}
+        per_file_s = (runs["half"]["busy_cpu_s"] - runs["all"]["busy_cpu_s"]) / (fetched["half"] - fetched["all"])
         cases = [(n, combo, latencies[0]) for n in nodes_list for combo in COMBOS]
         cases += [(n, COMBOS[0], ms) for n in nodes_list for ms in latencies[1:]]
         for nodes, (share, policy, peers), open_ms in cases:
-            ahead = max(opts.lookahead, 2)
-            window = window_bytes(catalog.sizes, opts.batch_size, ahead, 1)
-            capacity = ("unbounded" if share == "unbounded"
-                        else str(int(catalog.sizes.sum()) // nodes // 2 + window))
+            capacity = "unbounded" if share == "unbounded" else str(half_capacity(catalog, nodes, opts))
             sets = [f"staging.capacity={capacity}", f"staging.cache_policy={policy}", f"staging.peers={peers}",
                     f"slowfs.open_ms={open_ms}"]
-            report = real_run(cfg_path, nodes, sets, work)
+            report = run_job(cfg_path, nodes, sets, work)
             shutil.rmtree(os.path.join(work, "local"), ignore_errors=True)
             cfg = load_config(cfg_path, sets)
             profile = load_profile(PROFILE, [f"filesystem.open_ms={open_ms}"]).with_rates(rates)
+            profile = profile.set([f"costs.copy_ms={1e3 * per_file_s}"])
             sim = simulate(cfg, profile, Layout(nodes), catalog.sizes)["methods"]["stager"]
             steps = steps_per_epoch(len(catalog), opts.batch_size, False, nodes)
             measured = measured_epochs(report, steps)
@@ -118,7 +131,8 @@ def main():
             print(json.dumps(row), file=sys.stderr)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    result = {"options": vars(opts), "calibration": rates.to_dict(), "rows": rows}
+    result = {"options": vars(opts), "calibration": rates.to_dict(), "machine_cpu_s_per_fetched_file": per_file_s,
+              "rows": rows}
     if opts.json:
         with open(opts.json, "w") as fh:
             json.dump(result, fh, indent=1)

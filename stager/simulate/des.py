@@ -15,9 +15,11 @@ A fetch of ``k`` files and ``b`` bytes from the shared file system takes
 ``k`` open latencies, ``k`` operations of the metadata service (one queue
 for every node, at its rate less other jobs' share), ``b`` bytes through the
 node's client and through the file system's aggregate bandwidth (two queues,
-crossed at once: the slower decides), and the prefetcher's CPU. A fetch
-from a peer takes a round trip per file and the node's link. Every CPU
-burst holds one of the node's cores (of the host's, for emulated nodes).
+crossed at once: the slower decides), the write to local storage and the
+prefetcher's CPU. A fetch from a peer takes a round trip per file and the
+node's link. A reader reads its step from local storage (one queue a node,
+at ``node.local_mbps``). Every CPU burst holds one of the node's cores (of
+the host's, for emulated nodes).
 """
 
 import simpy
@@ -115,6 +117,8 @@ class Job:
             c.main_ms / 1e3
         host = _Cores(env, profile.node.cores) if profile.node.shared_host else None
         self.cores = [host or _Cores(env, profile.node.cores) for _ in range(demand.nodes)]
+        self.disk_byte_s = 1.0 / (profile.node.local_mbps * 1e6) if profile.node.local_mbps else 0.0
+        self.disks = [simpy.Resource(env, 1) for _ in range(demand.nodes)]
         net = profile.network
         self.peer_s, self.peer_byte_s = net.latency_ms / 1e3, (1.0 / (net.node_mbps * 1e6) if net.node_mbps else 0.0)
         rpn = demand.ranks_per_node
@@ -188,16 +192,23 @@ class Job:
         yield self.env.all_of(jobs)
         event.succeed()
 
+    def _local(self, node, nbytes):
+        """Reads or writes ``nbytes`` on the node's local storage."""
+        if self.disk_byte_s and nbytes:
+            yield self.env.process(_hold(self.env, self.disks[node], nbytes * self.disk_byte_s))
+
     def _fetch(self, node, threads, link, files, nbytes):
         with threads.request() as req:
             yield req
             yield self.env.process(self.fs.read(link, files, nbytes))
+            yield self.env.process(self._local(node, nbytes))
             yield self.env.process(self.cores[node].run(files * self.copy_s))
 
     def _peer(self, node, threads, files, nbytes):
         with threads.request() as req:
             yield req
             yield self.env.timeout(files * self.peer_s + nbytes * self.peer_byte_s)
+            yield self.env.process(self._local(node, nbytes))
             yield self.env.process(self.cores[node].run(files * self.copy_s))
 
     def _dispatch(self, node, rank, link, ready, decoded):
@@ -213,19 +224,21 @@ class Job:
             if gate is not None:
                 yield gate
             samples = int(d.samples[s])
-            if ready is None:  # reading the source directly: this rank's share of the step's files
-                files = samples
-                nbytes = int((d.source_bytes[s] + d.peer_bytes[s] + d.local_bytes[s]) // max(1, share))
-                env.process(self._read(node, pool, coordinator, samples, decoded[s], (link, files, nbytes)))
+            nbytes = int((d.source_bytes[s] + d.peer_bytes[s] + d.local_bytes[s]) // max(1, share))  # this rank's
+            if ready is None:  # reading the source directly
+                env.process(self._read(node, pool, coordinator, samples, decoded[s], (link, samples, nbytes)))
             else:
-                env.process(self._read(node, pool, coordinator, samples, decoded[s]))
+                env.process(self._read(node, pool, coordinator, samples, decoded[s], nbytes=nbytes))
 
-    def _read(self, node, pool, coordinator, samples, done, direct=None):
-        """A reader decodes one step (opening the source first when ``direct`` is ``(link, files, bytes)``)."""
+    def _read(self, node, pool, coordinator, samples, done, direct=None, nbytes=0):
+        """A reader decodes one step: ``nbytes`` from local storage, or from the source when ``direct`` is
+        ``(link, files, bytes)``."""
         with pool.request() as req:
             yield req
             if direct is not None:
                 yield self.env.process(self.fs.read(*direct))
+            else:
+                yield self.env.process(self._local(node, nbytes))
             yield self.env.process(self.cores[node].run(samples * self.read_s + self.batch_s))
         with coordinator.request() as req:
             yield req

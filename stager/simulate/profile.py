@@ -64,14 +64,18 @@ class NodeProfile:
             nodes on one machine, as this project's tests run them).
         local_gb: Node-local storage in GB (10^9 bytes), for ``staging.capacity``
             given as a share or ``auto``.
+        local_mbps: Node-local storage's bandwidth, MB/s, shared by the
+            prefetchers' writes and the readers' reads; 0: no limit.
     """
 
     cores: float = 16.0
     shared_host: bool = False
     local_gb: float = 1000.0
+    local_mbps: float = 0.0
 
     def __post_init__(self):
         _check(self.cores > 0 and self.local_gb > 0, "node.cores and node.local_gb must be above 0")
+        _check(self.local_mbps >= 0, "node.local_mbps must be 0 or more")
 
 
 @dataclass(frozen=True)
@@ -127,11 +131,17 @@ class Profile:
     def with_rates(self, rates):
         """This profile with the node's costs and cores of a ``whatif`` calibration (``engine.perf.Rates``).
 
-        A prefetcher's cost is CPU held on a core: the probe's CPU per file
-        less the reader's share where it was measured (its ``copy_s`` is a
-        wall time, waits included).
+        A prefetcher's cost here is CPU held on a core. A calibration has two
+        figures for it: the probe's CPU per file less the reader's share
+        (``cpu_s``, which also counts the kernel's work for a file read once,
+        cold, in one process) and the prefetchers' time per file beyond the
+        latency (``copy_s``, from a run's report with ``--report``: a wall
+        time). The smaller is taken: each counts more than the prefetcher's
+        own work, in a different way.
         """
-        copy_s = max(0.0, rates.cpu_s - rates.read_s) if rates.cpu_s else rates.copy_s
+        copy_s = rates.copy_s
+        if rates.cpu_s:
+            copy_s = min(copy_s, max(0.0, rates.cpu_s - rates.read_s))
         costs = replace(self.costs, copy_ms=1e3 * copy_s, read_ms=1e3 * rates.read_s,
                         batch_ms=1e3 * rates.batch_s, main_ms=1e3 * rates.main_s)
         return replace(self, costs=costs, node=replace(self.node, cores=rates.cores))
