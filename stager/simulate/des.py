@@ -106,7 +106,7 @@ class Job:
 
     def __init__(self, profile, demand, prefetchers, readers, ahead, read_ahead, compute_s):
         self.env = env = simpy.Environment()
-        self.profile, self.demand = profile, demand
+        self.demand = demand
         self.prefetchers, self.readers = prefetchers, readers
         self.ahead, self.read_ahead, self.compute_s = ahead, read_ahead, compute_s
         self.steps = len(demand.epochs)
@@ -172,7 +172,6 @@ class Job:
                     for f, b in _chunks(d.source_files[s], d.source_bytes[s], self.prefetchers)]
             jobs += [env.process(self._peer(node, peer_threads, f, b))
                      for f, b in _chunks(d.peer_files[s], d.peer_bytes[s], self.prefetchers)]
-            self.log.peer(int(d.peer_files[s]), int(d.peer_bytes[s]))
             if jobs:
                 env.process(self._when_all(jobs, ready[s]))
             else:

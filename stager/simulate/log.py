@@ -17,7 +17,6 @@ class Log:
         self.ends = np.zeros((ranks, steps))
         self.waits = np.zeros((ranks, steps))
         self._source = []  # (time, files, bytes) per completed read of the source
-        self.peer_files = self.peer_bytes = 0
 
     def step(self, rank, step, now):
         self.ends[rank, step] = now
@@ -27,10 +26,6 @@ class Log:
 
     def source(self, now, files, nbytes):
         self._source.append((now, files, nbytes))
-
-    def peer(self, files, nbytes):
-        self.peer_files += files
-        self.peer_bytes += nbytes
 
     def source_reads(self):
         """``(files, bytes)`` read from the source in all."""

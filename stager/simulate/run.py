@@ -125,29 +125,25 @@ def simulate(cfg, profile, layout, sizes, to_files=None, containers=None, method
         job = Job(profile, d, prefetchers, readers, ahead, read_ahead, compute_ms / 1e3)
         mode = {"direct": "direct", "stage-all": "stage-all"}.get(method, "staged")
         log = job.run(mode, (len(sizes), int(sizes.sum())))
-        out["methods"][method] = _summary(method, d, log, layout, samples, spec, begin)
+        out["methods"][method] = _summary(method, d, log, layout, samples, begin)
     return out
 
 
-def _summary(method, demand, log, layout, samples, spec, begin):
+def _summary(method, demand, log, layout, samples, begin):
     epochs = log.per_epoch()
-    if method == "direct":
-        per_step = demand.totals("source_files") + demand.totals("peer_files") + demand.totals("local_files")
-        # A rank reads each of its samples from the source: the node's distinct files at a step are the ranks' samples.
-        read_files = per_step
-        read_bytes = (demand.totals("source_bytes") + demand.totals("peer_bytes") + demand.totals("local_bytes"))
-        tables = {"source_files": read_files, "source_bytes": read_bytes, "peer_files": 0 * read_files,
-                  "peer_bytes": 0 * read_files, "local_files": 0 * read_files}
-    elif method == "stage-all":
-        zero = 0 * demand.totals("source_files")
+    keys = ("source_files", "source_bytes", "peer_files", "peer_bytes", "local_files")
+    tables = {k: demand.totals(k) for k in keys}
+    read = {"files": tables["source_files"] + tables["peer_files"] + tables["local_files"],
+            "bytes": tables["source_bytes"] + tables["peer_bytes"] + demand.totals("local_bytes")}
+    zero = 0 * read["files"]
+    if method == "direct":  # every sample every rank reads comes from the source
+        tables = {"source_files": read["files"], "source_bytes": read["bytes"], "peer_files": zero,
+                  "peer_bytes": zero, "local_files": zero}
+    elif method == "stage-all":  # the copy before the first step, then every read is local
         copied_files, copied_bytes = zero.copy(), zero.copy()
-        copied_files[0], copied_bytes[0] = log.source_reads()  # the copy before the first step
+        copied_files[0], copied_bytes[0] = log.source_reads()
         tables = {"source_files": copied_files, "source_bytes": copied_bytes, "peer_files": zero, "peer_bytes": zero,
-                  "local_files": demand.totals("source_files") + demand.totals("peer_files")
-                  + demand.totals("local_files")}
-    else:
-        tables = {k: demand.totals(k) for k in ("source_files", "source_bytes", "peer_files", "peer_bytes",
-                                                "local_files")}
+                  "local_files": read["files"]}
     for row in epochs:
         for key, values in tables.items():
             row[key] = int(values[row["epoch"]])
