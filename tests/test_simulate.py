@@ -191,6 +191,10 @@ def test_the_command_prints_writes_and_plots(tmp_path, capsys):
     assert set(result["methods"]) == {"stager", "no-peers", "unbounded", "direct", "stage-all"}
     assert result["methods"]["stager"]["source_files"] == 2000
     assert (tmp_path / "s.png").stat().st_size > 0
+    # stager report shows the results again, with the plot where a run's report's plots go
+    assert main(["report", str(out), "--plots", str(tmp_path / "plots")]) == 0
+    assert "direct (DataLoader)" in capsys.readouterr().out
+    assert (tmp_path / "plots" / "simulation.png").stat().st_size > 0
 
 
 def test_the_command_over_a_sharded_dataset_stages_containers(tmp_path, capsys):

@@ -19,14 +19,17 @@ def comma_numbers(kind):
 
 
 def _cmd_report(args):
+    from .simulate import report_simulation
     from ..telemetry import load_report
     from ..telemetry.plots import PlotsUnavailable, make_plots
     from ..telemetry.summary import render
 
+    directory = args.plots or os.path.splitext(args.run)[0] + "-plots"
+    if report_simulation(args.run, directory, args.no_plots):
+        return 0
     report = load_report(args.run)
     plots = []
     if not args.no_plots:
-        directory = args.plots or os.path.splitext(args.run)[0] + "-plots"
         try:
             plots = make_plots(report, directory)
         except PlotsUnavailable as exc:
@@ -87,7 +90,8 @@ def _cmd_whatif(args):
 def add_insight_parsers(sub):
     """Adds ``report``, ``analyze`` and ``whatif`` to the ``stager`` command's subparsers."""
     p = sub.add_parser("report", help="where the time went in a run: stalls, the bottleneck, advice, plots",
-                       description="Read RUN.json (written by 'stager run --report' or a front end's report()) "
+                       description="Read RUN.json (written by 'stager run --report' or a front end's report(); "
+                                   "or 'stager simulate --json', whose table and plot it shows again) "
                                    "and print the stall fraction, the bottleneck stage, each rank's time, the "
                                    "time to the first minibatch and advice tied to the measured rates; draw "
                                    "timeline.png, stalls.png and ranks.png.")

@@ -39,12 +39,44 @@ def _cmd_simulate(args):
             fh.write("\n")
         print(f"results written to {args.json}")
     if args.plot:
+        from ..telemetry.plots import PlotsUnavailable
+
         try:
             plot(result, args.plot)
-        except ImportError:
-            raise StagerError("stager simulate --plot needs matplotlib (pip install 'stager[bench]')") from None
+        except PlotsUnavailable as exc:
+            raise StagerError(f"stager simulate --plot: {exc}") from None
         print(f"plot written to {args.plot}")
     return 0
+
+
+def report_simulation(path, plots_dir, no_plots):
+    """``stager report`` on ``stager simulate --json``'s results: the table, and its plot in ``plots_dir``.
+
+    Returns:
+        False when ``path`` is not such results (a run's report, or not JSON: the caller's to say).
+    """
+    import os
+
+    from ..simulate.report import is_simulation, plot, text
+    from ..telemetry.plots import PlotsUnavailable
+
+    try:
+        with open(path, encoding="utf-8") as fh:
+            result = json.load(fh)
+    except (OSError, ValueError):
+        return False
+    if not is_simulation(result):
+        return False
+    print(text(result))
+    if not no_plots:
+        os.makedirs(plots_dir, exist_ok=True)
+        target = os.path.join(plots_dir, "simulation.png")
+        try:
+            plot(result, target)
+            print(f"\nplot: {target}")
+        except PlotsUnavailable as exc:
+            print(f"\n{exc}")
+    return True
 
 
 def add_simulate_parser(sub):
@@ -71,6 +103,7 @@ def add_simulate_parser(sub):
     p.add_argument("--file-bytes", type=int, default=110_000, help="bytes of each of --files (default 110000)")
     p.add_argument("--baseline", metavar="M[,M...]", help="also simulate these methods: no-peers, unbounded, direct, "
                                                           "stage-all, or all")
-    p.add_argument("--json", metavar="OUT.json", help="write the results here")
+    p.add_argument("--json", metavar="OUT.json", help="write the results here (`stager report OUT.json` shows them "
+                                                      "again, with the plot)")
     p.add_argument("--plot", metavar="OUT.png", help="plot time and source reads per epoch here")
     p.set_defaults(func=_cmd_simulate)

@@ -1,4 +1,8 @@
-"""A simulation's results as text and as a plot."""
+"""A simulation's results as text and as a plot (``stager simulate``, and ``stager report`` on its JSON)."""
+
+from ..telemetry.plots import pyplot
+
+KIND = "simulation"  # the results' "kind", by which ``stager report`` tells them from a run's report
 
 METHOD_NAMES = {"stager": "stager", "no-peers": "stager, no peers", "unbounded": "stager, unbounded cache",
                 "direct": "direct (DataLoader)", "stage-all": "stage all first"}
@@ -35,10 +39,12 @@ def text(result):
 
 
 def plot(result, path):
-    """Two panels: time per epoch, and files read from the shared file system per epoch, by method."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    """Two panels: time per epoch, and files read from the shared file system per epoch, by method.
+
+    Raises:
+        PlotsUnavailable: Without matplotlib, saying how to get it.
+    """
+    plt = pyplot()
 
     methods = [(k, m) for k, m in result["methods"].items() if m.get("fits", True)]
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
@@ -55,3 +61,8 @@ def plot(result, path):
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def is_simulation(data):
+    """Whether ``data`` (a parsed JSON file) is ``stager simulate``'s results."""
+    return isinstance(data, dict) and data.get("kind") == KIND

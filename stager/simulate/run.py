@@ -19,6 +19,7 @@ import numpy as np
 
 from .demand import node_demand
 from .des import Job
+from .report import KIND
 from ..cache import parse_capacity, policy_name
 from ..errors import ConfigError
 from ..plan import PlanSpec
@@ -98,7 +99,7 @@ def simulate(cfg, profile, layout, sizes, to_files=None, containers=None, method
     ahead = max(staging.lookahead, read_ahead)
     capacity = capacity_bytes(staging, profile, int(sizes.sum()))
     compute_ms = profile.costs.compute_ms if profile.costs.compute_ms is not None else cfg.run.compute_ms
-    out = {"nodes": layout.nodes, "ranks_per_node": layout.ranks_per_node, "samples": samples, "files": len(sizes),
+    out = {"kind": KIND, "nodes": layout.nodes, "ranks_per_node": layout.ranks_per_node, "samples": samples, "files": len(sizes),
            "dataset_bytes": int(sizes.sum()), "epochs": spec.epochs, "batch_size": spec.batch_size,
            "capacity": capacity, "policy": policy_name(staging.cache_policy, capacity), "peers": staging.peers,
            "prefetchers": prefetchers, "readers": readers, "lookahead": ahead, "compute_ms": compute_ms,

@@ -18,7 +18,8 @@ class PlotsUnavailable(Exception):
     """matplotlib cannot be imported; the message says how to get it."""
 
 
-def _pyplot():
+def pyplot():
+    """matplotlib's pyplot drawing to files only; ``PlotsUnavailable`` (saying how to get it) where it is missing."""
     try:
         import matplotlib
     except ImportError:
@@ -30,7 +31,7 @@ def _pyplot():
 
 
 def timeline(report, path):
-    plt = _pyplot()
+    plt = pyplot()
     ranks = report["per_rank"][:MAX_RANKS]
     fig, axes = plt.subplots(len(ranks), 1, figsize=(10, 1.8 + 1.6 * len(ranks)), sharex=True, squeeze=False)
     for ax, r in zip(axes[:, 0], ranks):
@@ -55,7 +56,7 @@ def timeline(report, path):
 
 
 def stalls(report, path):
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(10, 4))
     for r in report["per_rank"]:
         s = r["series"]
@@ -75,7 +76,7 @@ def stalls(report, path):
 
 
 def ranks(report, path):
-    plt = _pyplot()
+    plt = pyplot()
     rs = report["per_rank"]
     fig, ax = plt.subplots(figsize=(9, 1.5 + 0.35 * len(rs)))
     labels = [f"rank {r['rank']} ({r['node']})" for r in rs]
@@ -107,7 +108,7 @@ def make_plots(report, directory):
     Raises:
         PlotsUnavailable: matplotlib is not installed.
     """
-    _pyplot()
+    pyplot()
     os.makedirs(directory, exist_ok=True)
     out = []
     for title, name, draw in PLOTS:
