@@ -11,7 +11,7 @@ import time
 import pytest
 
 from conftest import make_job_data
-from slurm_cluster import SlurmCluster, unavailable
+from slurm_cluster import SlurmCluster, _tool, unavailable
 
 REASON = unavailable()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=f"Slurm tests skipped: {REASON}")
@@ -61,7 +61,7 @@ MPI_START_FAILED = "Fatal error in internal_Init_thread"
 
 
 def job_log(tmp_path):
-    return "".join(p.read_text() for p in tmp_path.glob("out-*.log"))
+    return "".join(p.read_text() for p in sorted(tmp_path.glob("out-*.log")))
 
 
 def mpi_failed_to_start(tmp_path):
@@ -137,3 +137,54 @@ def test_scancel_mid_run_leaves_no_directory_and_no_process(cluster, tmp_path):
     wait_gone(running, 30)
     assert not left_behind(tmp_path)
     assert os.listdir(tmp_path / "nvme") == [], "scancel must not leave the staging directory"
+
+
+def test_two_slurm_jobs_on_one_node_share_a_group_and_the_service_outlives_the_first(cluster, tmp_path):
+    """Job a founds the group; b attaches while a runs and runs on after a ends: Slurm's end of a
+    must not take the group's service (and b's staging) with it."""
+    from helpers.watch import wait_for_lines
+    from stager.job.synth import make_dataset
+
+    venv = os.path.dirname(os.path.dirname(sys.executable))
+    make_dataset(str(tmp_path / "data"), 200, nbytes=2000, classes=4, seed=3, progress=False)
+    os.makedirs(tmp_path / "nvme")
+    scripts = {}
+    for name, epochs in (("a", 3), ("b", 8)):
+        rec = tmp_path / f"rec-{name}"
+        (tmp_path / f"{name}.yaml").write_text(f"""
+dataset: {{source: {tmp_path / 'data'}, manifest: manifest.tsv}}
+plan: {{batch_size: 4, epochs: {epochs}, seed: 2}}
+staging: {{prefetchers: 2, share: slurm-{tmp_path.name}, local_dir: {tmp_path / 'nvme'}}}
+reader: {{workers: 1}}
+run: {{compute_ms: 25}}
+slurm:
+  template: single
+  job_name: {name}
+  nodes: 1
+  tasks_per_node: 1
+  time: "00:05:00"
+  output: {tmp_path}/out-{name}-%j.log
+  venv: {venv}
+  command: [{venv}/bin/stager, run, {tmp_path}/{name}.yaml, --quiet, --report, {rec}/r.json, --record, {rec}]
+""")
+        os.makedirs(rec)
+        scripts[name] = str(tmp_path / f"{name}.sbatch")
+        subprocess.run([sys.executable, "-m", "stager", "slurm", "render", "--config", str(tmp_path / f"{name}.yaml"),
+                        "-o", scripts[name]], check=True, timeout=60)
+    first = subprocess.Popen([_tool("sbatch"), "--wait", "--chdir", str(tmp_path), scripts["a"]],
+                             env=cluster.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert wait_for_lines(str(tmp_path / "rec-a" / "rank-0.jsonl"), 1, pid=first.pid, timeout=120), job_log(tmp_path)
+        second = cluster.run("sbatch", "--wait", "--chdir", str(tmp_path), scripts["b"], timeout=300, check=False)
+    finally:
+        out, err = first.communicate(timeout=300)
+    assert first.returncode == 0, out + err + job_log(tmp_path)
+    assert second.returncode == 0, second.stdout + second.stderr + job_log(tmp_path)
+    reports = {n: json.loads((tmp_path / f"rec-{n}" / "r.json").read_text()) for n in "ab"}
+    assert reports["b"]["samples"] == 8 * 200 and reports["a"]["samples"] == 3 * 200
+    assert reports["b"]["group"]["files_from_group"] > 0, "b attached while a ran"
+    assert reports["a"]["wall_s"] < reports["b"]["wall_s"]
+    assert reports["a"]["group"]["files_fetched"] + reports["b"]["group"]["files_fetched"] == 200, \
+        "each file read from the source once for both Slurm jobs"
+    assert os.listdir(tmp_path / "nvme") == [], "the group's directory must be gone with its last job"
+    wait_gone(left_behind(tmp_path), 30)

@@ -47,7 +47,8 @@ def descendants(root):
     return found
 
 
-def _readings(pids):
+def readings(pids):
+    """``{pid: (process name, CPU seconds so far)}`` of those of ``pids`` still running."""
     out = {}
     for pid in pids:
         try:
@@ -69,10 +70,10 @@ class CpuMeter:
     def _run(self):
         me = os.getpid()
         while not self._stop.wait(self.interval_s):
-            self._last.update(_readings(descendants(me)))
+            self._last.update(readings(descendants(me)))
 
     def __enter__(self):
-        self._before = _readings(descendants(os.getpid()))
+        self._before = readings(descendants(os.getpid()))
         self._times = os.times()
         self._thread.start()
         return self
@@ -80,7 +81,7 @@ class CpuMeter:
     def __exit__(self, *exc):
         self._stop.set()
         self._thread.join()
-        self._last.update(_readings(descendants(os.getpid())))
+        self._last.update(readings(descendants(os.getpid())))
         after = os.times()
         self._rank = after.user + after.system - self._times.user - self._times.system
 

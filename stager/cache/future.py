@@ -91,6 +91,10 @@ class Future:
         self._ranks[rank] = _RankFuture(spec, rank, self._to_files)
         self._extend()
 
+    def remove(self, rank):
+        """``rank`` left (a job of a shared group): its reads no longer count."""
+        self._ranks.pop(rank, None)
+
     def advance(self, rank, seq):
         """``rank`` asked for its minibatch ``seq``: forget what lies behind it."""
         future = self._ranks.get(rank)

@@ -80,6 +80,10 @@ class Cache:
                         "the cache cannot see the future: staging.cache_policy clairvoyant falls back to lru", rank)
             self.policy = make_policy("lru")
 
+    def drop_plan(self, rank):
+        """Forgets what ``rank`` would have read (it left before the end of its plan)."""
+        self.future.remove(rank)
+
     def pin(self, indices):
         """A minibatch needs ``indices`` (distinct): pins them.
 

@@ -18,6 +18,7 @@ from ..slowfs import ENGINES
 
 def _cmd_run(args):
     from ..job.runner import run_job
+    from ..telemetry.summary import group_lines
     from ..world import abort_on_error, detect
 
     cfg = load_config(args.config, args.set)
@@ -31,7 +32,9 @@ def _cmd_run(args):
           f"({s['samples_per_s']:.1f} samples/s); stalled {s['stall_s']:.2f} s ({s['stall_fraction']:.1%}); "
           f"staged {s['files_staged']} files, {s['bytes_staged'] / 1e6:.1f} MB")
     reads = s.get("reads")
-    if reads and s["mode"] != "direct":
+    for line in group_lines(s):
+        print(line)
+    if reads and s["mode"] != "direct" and "group" not in s:
         line = "; ".join(f"{reads[way]['files']} files ({reads[way]['bytes'] / 1e6:.1f} MB) {label}" for way, label in
                          (("source", "from the source"), ("peers", "from peers"), ("local", "already local")))
         after = reads["source_after_peer"]

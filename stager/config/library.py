@@ -6,6 +6,7 @@ dictionary, ``Config.replace``).
 """
 
 import multiprocessing
+import re
 from dataclasses import dataclass, field
 from typing import List, Optional, Union
 
@@ -222,6 +223,17 @@ class StagingConfig:
             across the copy; ``xxhash``, also the copy's hash equal to a
             second read's. A copy the source changed under is made again,
             up to 3 times, then the job fails naming the file.
+        share: A group name: jobs of this user on one node that name the
+            same group (separate launches, arriving and leaving at any time)
+            share one staging service: one copy of each file on local
+            storage, one cache whose policy sees every job's future, and,
+            for jobs with the same order and decoding, each minibatch
+            decoded once (``docs/sharing.md``). None: the job stages alone.
+        share_window: With ``share``, decoded minibatches of each stream (a
+            rank's order and decoding) kept in shared memory for the jobs
+            behind the first: the leader never waits, and a job further
+            behind decodes for itself. It costs up to this many decoded
+            minibatches of memory in ``/dev/shm`` per stream.
     """
 
     enabled: bool = True
@@ -237,6 +249,8 @@ class StagingConfig:
     peer_choice: str = "holder"
     stall_timeout_s: float = 300.0
     verify: str = "size"
+    share: Optional[str] = None
+    share_window: int = 16
 
     def __post_init__(self):
         from ..cache import POLICIES, parse_capacity  # the registry and the rule live with the cache
@@ -257,6 +271,14 @@ class StagingConfig:
         require(self.peer_choice in ("holder", "measured"),
                 f"staging.peer_choice must be 'holder' or 'measured', not {self.peer_choice!r}")
         require(self.stall_timeout_s >= 0, "staging.stall_timeout_s must be 0 (wait without end) or more seconds")
+        require(self.share is None or (isinstance(self.share, str) and re.fullmatch(r"[A-Za-z0-9._-]{1,64}",
+                                                                                     self.share) is not None),
+                f"staging.share must be a group name of 1 to 64 letters, digits, '.', '_' or '-', not {self.share!r}")
+        require(self.share is None or self.peers == "off",
+                "staging.share (jobs of one node sharing a service) and staging.peers (nodes of one job sharing "
+                "their caches) cannot be combined yet: set one of them")
+        require(self.share is None or self.enabled, "staging.share needs staging.enabled: true")
+        require(self.share_window >= 1, "staging.share_window must be at least 1 minibatch")
 
 
 

@@ -19,11 +19,13 @@ as one ``StageError``.
 import multiprocessing.connection as mpc
 import queue
 import threading
+import time
 from dataclasses import dataclass
 
 import numpy as np
 
-from .messages import Consumed, Decoded, Failure, Need, ReadTask, Ready, Release
+from . import batchfile
+from .messages import Claim, Claimed, Consumed, Decoded, Failure, Need, ReadTask, Ready, Release
 from .workerpool import RETIRED
 from .. import telemetry as tm
 from ..telemetry import BatchTimes
@@ -74,6 +76,12 @@ class Channels:
         on_end: A ``weakref.WeakMethod`` the coordinator calls once it has
             delivered the whole plan (the pipeline's close), or None.
         shut: Set once the shutdown protocol has run to its end.
+        claims: In a shared group with a decoded stream, the rank asks
+            (``Claim``) before decoding each minibatch.
+        shelf_ring: Then, the rank's ``wire.Ring`` for the minibatches it
+            takes from the group's shelf.
+        linger: Seconds to wait after the goodbye for the service to hang up
+            (a shared group's); 0: none.
     """
 
     def __init__(self, wake):
@@ -87,6 +95,9 @@ class Channels:
         self.read_resizer = None
         self.on_end = None
         self.shut = threading.Event()
+        self.claims = False
+        self.shelf_ring = None
+        self.linger = 0.0
         self._claim_lock = threading.Lock()
         self._claimed = False
 
@@ -130,6 +141,7 @@ class Coordinator:
         self.times = {}         # seq -> BatchTimes
         self.staged = set()     # seqs whose files are all local
         self.results = {}       # seq -> Batch decoded, waiting for its turn
+        self.claims = channels.claims
         self.exhausted = False
         self.next_seq = 0       # next minibatch to take from the plan
         self.read_ptr = 0       # next minibatch to hand to a reader
@@ -226,38 +238,77 @@ class Coordinator:
 
     def read(self):
         """Hands staged minibatches to the readers, in plan order, up to the read-ahead."""
-        ch, catalog = self.ch, self.catalog
+        ch = self.ch
         while (self.read_ptr < self.next_seq and self.read_ptr < self.consumed + self.read_ahead
                and self.read_ptr in self.staged):
-            mb = self.batches[self.read_ptr]
             self.staged.discard(self.read_ptr)
-            files = [(i, catalog.path(i), catalog.label(i)) for i in mb.indices.tolist()]
-            ch.readers.tasks.put(ReadTask(self.read_ptr, mb.epoch, mb.step, files))
-            if ch.read_resizer is not None:
-                ch.read_resizer.asked(1)
+            if self.claims:  # the group says who decodes it (``Claimed``)
+                ch.send(Claim(self.read_ptr))
+            else:
+                self.hand_out(self.read_ptr)
             self.read_ptr += 1
+
+    def hand_out(self, seq, publish=None):
+        """Gives minibatch ``seq`` to the readers (to put at ``publish`` for the group too)."""
+        ch, catalog, mb = self.ch, self.catalog, self.batches[seq]
+        files = [(i, catalog.path(i), catalog.label(i)) for i in mb.indices.tolist()]
+        ch.readers.tasks.put(ReadTask(seq, mb.epoch, mb.step, files, publish))
+        if ch.read_resizer is not None:
+            ch.read_resizer.asked(1)
+
+    def take(self, seq, path):
+        """Minibatch ``seq``, decoded by another job, from the group's shelf; True if that failed."""
+        mb = self.batches[seq]
+        begin = time.perf_counter()
+        try:
+            samples = batchfile.read(path, self.ch.shelf_ring)
+        except (OSError, EOFError) as exc:
+            self.ch.out.put(Failure.from_exception("read", "shelf", exc, mb.epoch, mb.step, path,
+                                                   f"cannot take minibatch {mb.step} of epoch {mb.epoch}, decoded "
+                                                   f"by another job of the group, from {path}: {exc}").to_error())
+            return True
+        self.first_read = True
+        self.telemetry.record(tm.GROUP, tm.GROUP_TAKEN, len(samples), 0)
+        self.ch.send(Release(seq))
+        self.deliver(seq, samples, time.perf_counter() - begin)
+        return False
+
+    def deliver(self, seq, samples, seconds):
+        """Minibatch ``seq`` is decoded: the consumer gets it, and those before it, in plan order."""
+        mb = self.batches.pop(seq)
+        times = self.times.pop(seq)
+        times.read = seconds
+        self.results[seq] = Batch(mb.epoch, mb.step, mb.indices, samples, times, mb.end, mb.last)
+        while self.emit_ptr in self.results:
+            batch = self.results.pop(self.emit_ptr)
+            self.telemetry.record(tm.DELIVERED, self.emit_ptr, len(batch.samples))  # before the consumer sees it
+            self.ch.out.put((self.emit_ptr, batch))
+            self.emit_ptr += 1
 
     def handle(self, msg):
         """Acts on one message; True when the coordinator must stop."""
         telemetry = self.telemetry
         if isinstance(msg, Ready):
-            self.staged.add(msg.seq)
             self.times[msg.seq].prefetch = msg.seconds
             telemetry.record(tm.READY, msg.seq, 0, msg.seconds)
+            if msg.group is not None:
+                telemetry.record(tm.GROUP, tm.GROUP_FETCHED, msg.group[2], msg.group[3])
+                if msg.group[0]:
+                    telemetry.record(tm.GROUP, tm.GROUP_FILES, msg.group[0], msg.group[1])
+            self.staged.add(msg.seq)
+        elif isinstance(msg, Claimed):
+            if msg.verdict != "shared":  # publish, or own
+                self.hand_out(msg.seq, msg.path or None)
+            elif self.take(msg.seq, msg.path):
+                return True
         elif isinstance(msg, Decoded):
             self.first_read = True
-            mb = self.batches.pop(msg.seq)
-            times = self.times.pop(msg.seq)
-            times.read = msg.seconds
             telemetry.record(tm.READ, msg.seq, len(msg.samples), msg.seconds)
+            if msg.published:
+                telemetry.record(tm.GROUP, tm.GROUP_GIVEN, len(msg.samples), 0)
             if self.staging:
-                self.ch.send(Release(msg.seq))
-            self.results[msg.seq] = Batch(mb.epoch, mb.step, mb.indices, msg.samples, times, mb.end, mb.last)
-            while self.emit_ptr in self.results:
-                batch = self.results.pop(self.emit_ptr)
-                telemetry.record(tm.DELIVERED, self.emit_ptr, len(batch.samples))  # before the consumer can see it
-                self.ch.out.put((self.emit_ptr, batch))
-                self.emit_ptr += 1
+                self.ch.send(Release(msg.seq, msg.published))
+            self.deliver(msg.seq, msg.samples, msg.seconds)
         elif isinstance(msg, Consumed):
             self.consumed = max(self.consumed, msg.seq + 1)
         elif isinstance(msg, Failure):

@@ -2,8 +2,11 @@
 
 Who sends what (the arrows of ``docs/architecture.md``):
 
+- rank -> a shared group's service (``staging.share``): ``Join`` first,
+  answered by ``Welcome`` (or a refusal naming the conflicting setting);
 - rank coordinator -> node service: ``Hello`` once, then ``Need`` per
-  minibatch, ``Release`` once it has been read, ``Bye`` at the end, ``Fail``
+  minibatch, in a shared group ``Claim`` when about to decode it (answered
+  by ``Claimed``), ``Release`` once it has been read, ``Bye`` at the end, ``Fail``
   when the rank fails;
 - node service -> rank coordinator: ``Ready`` when a minibatch's files are
   all local, or the ``Failure`` that stopped staging;
@@ -36,10 +39,44 @@ class Hello:
         plan: What the rank will read, as a description the service can
             evaluate (``plan.PlanSpec``), or None when only the rank knows
             (a custom order sampler).
+        stream: In a shared group, the rank's decoded stream: ranks of jobs
+            whose plan, rank and decoding agree name the same one and share
+            decoded minibatches; None: this rank decodes for itself.
     """
 
     rank: int
     plan: Any = None
+    stream: Optional[str] = None
+
+
+@dataclass(frozen=True, slots=True)
+class Join:
+    """A job's rank asks to attach to a shared group's service.
+
+    Attributes:
+        job: Who asks (job id and rank), for the group's messages.
+        settings: ``{config key: value}`` that every job of the group must
+            agree on (the dataset, the catalog's fingerprint, the staging
+            settings the service runs with).
+    """
+
+    job: str
+    settings: dict
+
+
+@dataclass(frozen=True, slots=True)
+class Welcome:
+    """The group's answer to ``Join``: where its files are, or why this job may not attach.
+
+    Attributes:
+        local_dir: The group's node-local directory of staged files.
+        ahead: Minibatches each rank may have pinned ahead (the cache's window).
+        refused: Why the job was refused (a conflicting setting), or None.
+    """
+
+    local_dir: Optional[str] = None
+    ahead: int = 0
+    refused: Optional[str] = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,9 +91,13 @@ class Need:
 
 @dataclass(frozen=True, slots=True)
 class Release:
-    """A rank has read minibatch ``seq``: its files need not stay pinned for it."""
+    """A rank has read minibatch ``seq``: its files need not stay pinned for it.
+
+    ``published``: the rank decoded it for its group and put it on the shelf.
+    """
 
     seq: int
+    published: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,10 +114,34 @@ class Fail:
 
 @dataclass(frozen=True, slots=True)
 class Ready:
-    """All files of the rank's minibatch ``seq`` are local; ``seconds`` of prefetcher time went into them."""
+    """All files of the rank's minibatch ``seq`` are local; ``seconds`` of prefetcher time went into them.
+
+    ``group``, in a shared group (``staging.share``): ``(files, bytes)`` of
+    the minibatch that another job had staged (or was staging), then
+    ``(files, bytes)`` this request fetched from the source; None alone.
+    """
 
     seq: int
     seconds: float
+    group: Optional[Tuple[int, int, int, int]] = None
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """A rank of a shared group is about to decode minibatch ``seq``: who decodes it?"""
+
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    """The group's answer to ``Claim``: ``verdict`` ``publish`` (decode it and put it at ``path`` for the
+    others), ``shared`` (another job decoded it: read it from ``path``, held until ``Release``) or ``own``
+    (the job decoding it is late: decode it for this rank alone; ``path`` empty)."""
+
+    seq: int
+    verdict: str
+    path: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,22 +187,27 @@ class Staged:
 
 @dataclass(frozen=True, slots=True)
 class ReadTask:
-    """A minibatch for one reader to decode: ``files`` holds ``(index, relpath, label_or_None)``."""
+    """A minibatch for one reader to decode: ``files`` holds ``(index, relpath, label_or_None)``.
+
+    ``publish``: where to put the decoded minibatch for the rank's group too, or None.
+    """
 
     seq: int
     epoch: int
     step: int
     files: List[Tuple[int, str, Optional[int]]]
+    publish: Optional[str] = None
 
 
 @dataclass(frozen=True, slots=True)
 class Decoded:
-    """A reader's decoded minibatch ``seq``."""
+    """A reader's decoded minibatch ``seq``; ``published``: it is on the group's shelf too."""
 
     seq: int
     worker: int
     samples: list
     seconds: float
+    published: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,6 +26,7 @@ from dataclasses import replace
 
 from . import autocounts
 from .coordinator import END, Batch, Channels, Coordinator
+from . import group
 from .limits import check_worker_counts
 from .messages import Consumed, Hello
 from .peers import node_peers
@@ -93,6 +94,7 @@ class Pipeline:
                  plan=None):
         self._dataset, self._plan_cfg = config.dataset, config.plan
         self._staging, self._reader, self._processes = config.staging, config.reader, config.processes
+        self._asked = config.staging  # as configured, before ``auto`` counts are resolved
         self._world_cfg = config.world
         self._auto = None  # with an auto count, the probe's model.Rates (after start)
         self.world = world
@@ -192,7 +194,14 @@ class Pipeline:
             if read_root is source and not hasattr(source, "open_direct"):
                 raise ConfigError(f"staging.enabled is false, but {self.catalog.root} holds no files readers can "
                                   "open in place: enable staging")
-            if self._staging.enabled:
+            options = {"hdf5_key": self._dataset.hdf5_key, "layout": self._dataset.layout}
+            if self._staging.enabled and self._staging.share:
+                read_root = self.local_dir = self._join_group(spec)
+                stream = group.stream_key(spec, self._loader, options, world.rank)
+                ch.claims = stream is not None
+                ch.shelf_ring = Ring() if ch.claims else None
+                ch.send(Hello(world.rank, spec, stream))
+            elif self._staging.enabled:
                 self._jobdir = JobDir(self._staging, self.catalog.root, agreed_job_id(self._staging, world), world)
                 self._jobdirs.append(self._jobdir)
                 self.local_dir = self._jobdir.path
@@ -204,7 +213,6 @@ class Pipeline:
             if self._staging.enabled:
                 coordinator.ask()  # the prefetchers start on the first minibatch while the readers start
             rings = [Ring() for _ in range(self._reader.workers)]
-            options = {"hdf5_key": self._dataset.hdf5_key, "layout": self._dataset.layout}
             ch.readers = WorkerPool(ctx, "read", "stager-read", self._reader.workers, reader_main,
                                     (read_root, self.catalog.sample_decoder(self._loader, options), options, rings),
                                     keep_fds=[fd for r in rings for fd in r.fds],
@@ -291,6 +299,15 @@ class Pipeline:
         if not world.node_leader:
             ch.client = mpc.Client(address, family="AF_UNIX", authkey=authkey)
         return path
+
+    def _join_group(self, spec):
+        """Attaches this rank to its node's shared group (``staging.share``); returns the group's directory."""
+        batch_size = getattr(spec, "batch_size", self._plan_cfg.batch_size)
+        self._ch.client, welcome = group.join(self.world, self._staging, self._processes, self._dataset,
+                                              self.catalog, spec, batch_size, self._ahead(), self._asked)
+        self._fit_ahead(welcome.ahead)
+        self._ch.linger = 3 * self._processes.shutdown_timeout_s  # the service's own shutdown, if this job is last
+        return welcome.local_dir
 
     def _fit_ahead(self, ahead):
         """Cuts this rank's look-ahead (staged and decoded ahead) to ``ahead``, the most the node cache fits."""

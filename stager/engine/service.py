@@ -50,7 +50,27 @@ def _socket_address(local_dir):
     return "\0stager-service-" + secrets.token_hex(12)
 
 
-class StagingService:
+class Doorway:
+    """What a service's thread asks of its service: whether to stop, and who came in meanwhile."""
+
+    def __init__(self):
+        self._halt = threading.Event()
+        self._incoming = queue.Queue()   # connections accepted, not yet served
+
+    def halted(self):
+        """Whether ``close()`` told the service thread to stop."""
+        return self._halt.is_set()
+
+    def accepted(self):
+        """Connections the acceptor took since the last call (None for one that failed)."""
+        while True:
+            try:
+                yield self._incoming.get_nowait()
+            except queue.Empty:
+                return
+
+
+class StagingService(Doorway):
     """Stages files for the node's ranks (runs on the node leader only).
 
     Args:
@@ -73,6 +93,7 @@ class StagingService:
 
     def __init__(self, staging, processes, catalog, source, local_dir, remote_clients, telemetry, cache,
                  on_staged=None, keep_fds=(), peers=None, auto_limit=None):
+        super().__init__()
         self.staging = staging
         self.cache = cache
         self.shutdown_timeout_s = processes.shutdown_timeout_s
@@ -91,8 +112,6 @@ class StagingService:
         self.pool = None
         self.progress = None
         self.wake = Wake()
-        self._halt = threading.Event()
-        self._incoming = queue.Queue()   # connections accepted, not yet served
         self._listener = None
         self._acceptor = None
         self._thread = None
@@ -130,18 +149,6 @@ class StagingService:
     def alive(self):
         """Whether the service thread still runs."""
         return self._thread is not None and self._thread.is_alive()
-
-    def halted(self):
-        """Whether ``close()`` told the service thread to stop."""
-        return self._halt.is_set()
-
-    def accepted(self):
-        """Connections the acceptor took since the last call (None for one that failed)."""
-        while True:
-            try:
-                yield self._incoming.get_nowait()
-            except queue.Empty:
-                return
 
     def _accept(self):
         for _ in range(self.remote_clients):

@@ -88,7 +88,7 @@ class ServiceLoop:
         s = self.s
         peer_conns = [s.peers.conn] if s.peers is not None else []
         dead = set()  # prefetchers' pipes that reached end-of-file
-        while not s.halted() and (self.clients or self.joined < s.remote_clients):
+        while self.running():
             # The pool's pipes are read afresh each turn: an ``auto`` pool grows and shrinks.
             pool_conns = [c for c in s.pool.conns if c not in dead]
             for obj in mpc.wait(self.clients + pool_conns + peer_conns + [s.wake.conn], timeout=1.0):
@@ -109,6 +109,10 @@ class ServiceLoop:
             self.check_stalls()
             if s.resizer is not None and self.failed is None and s.resizer.resize():
                 self.deadlines.feed(s.pool.size)
+
+    def running(self):
+        """Whether to serve on: until halted, while clients are connected or still to come."""
+        return not self.s.halted() and (self.clients or self.joined < self.s.remote_clients)
 
     def check_stalls(self):
         """Fails the job once a prefetcher has waited more than ``staging.stall_timeout_s`` for one file.
@@ -347,7 +351,11 @@ class ServiceLoop:
     def answer(self, request):
         request.answered = True
         seconds = sum(self.task_time.pop(t, None) or 0.0 for t in request.tasks)
-        self.send(request.conn, Ready(request.seq, seconds))
+        self.send(request.conn, self.ready(request, seconds))
+
+    def ready(self, request, seconds):
+        """The answer to a request whose files are all local."""
+        return Ready(request.seq, seconds)
 
     def send(self, conn, msg):
         try:

@@ -4,7 +4,10 @@ Shutdown protocol (``close()``, idempotent and thread-safe; also on an error
 in any stage, at the end of the plan, on leaving a ``with`` block, and when
 an abandoned pipeline is collected):
   1. stop the coordinator (halt event plus a wake-up) and join it;
-  2. tell the staging service goodbye (and, on an error, why);
+  2. tell the staging service goodbye (and, on an error, why); a shared
+     group's service (``staging.share``) is given ``ch.linger`` seconds to
+     hang up, which the last job's service does once it has removed
+     everything;
   3. set the readers' stop event, send one ``None`` sentinel per reader and
      close their reply pipes (a reader drops the minibatch it holds); join
      each until ``processes.shutdown_timeout_s``, then terminate, then kill;
@@ -25,6 +28,7 @@ Workers also exit on their own when their parent dies (they poll getppid).
 """
 
 import contextlib
+import time
 
 from .coordinator import END
 from .messages import Bye, Fail
@@ -52,15 +56,27 @@ def stop(ch, timeout, peer_wait_s, reason=None):
                     if reason is not None:
                         ch.client.send(Fail(reason))
                     ch.client.send(Bye())
+                    _linger(ch.client, ch.linger)
                 ch.client.close()
             finally:
                 ch.client_lock.release()
+    if ch.shelf_ring is not None:
+        ch.shelf_ring.close()  # arrays still held keep their memory
     if ch.readers is not None:
         stuck += ch.readers.stop(timeout)
     if ch.service is not None:
         stuck += ch.service.close(peer_wait_s)
     ch.wake.close()
     return stuck
+
+
+def _linger(client, seconds):
+    """Waits up to ``seconds`` for the service to hang up: a shared group's, once it removed all (if last)."""
+    deadline = time.monotonic() + seconds
+    while seconds and client.poll(max(0.0, deadline - time.monotonic())):
+        client.recv()  # a late answer, or end-of-file (EOFError) once the service let go
+        if time.monotonic() >= deadline:
+            return
 
 
 def close_abandoned(ch, jobdirs):

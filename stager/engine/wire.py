@@ -182,25 +182,15 @@ class Ring:
         Returns:
             False if ``stop`` ended the copy (nothing was sent).
         """
-        head = io.BytesIO()
-        collector = _Collector(head)
-        collector.dump(obj)
-        table, end, slot = [], 0, None
-        for kind, array in collector.found:
-            order = "F" if array.flags.f_contiguous and not array.flags.c_contiguous else "C"
-            table.append((kind, end, array.dtype, array.shape, order))
-            end += -(-array.nbytes // _ALIGN) * _ALIGN
+        head, table, arrays, end = pack(obj)
+        slot = None
         if table:
             offset = self._slot(end)
             slot = (offset, self._sizes[offset])
-            ring = self._map(*slot)
-            for (kind, start, dtype, shape, order), (_, array) in zip(table, collector.found):
-                if stop is not None and stop.is_set():
-                    self._idle.add(offset)
-                    return False
-                dst = np.frombuffer(ring, np.uint8, array.nbytes, start).view(dtype)
-                np.copyto(dst.reshape(shape, order=order), array, casting="no")
-        conn.send_bytes(pickle.dumps((head.getvalue(), slot, table), protocol=5))
+            if not copy_arrays(self._map(*slot), table, arrays, stop):
+                self._idle.add(offset)
+                return False
+        conn.send_bytes(pickle.dumps((head, slot, table), protocol=5))
         return True
 
     def recv(self, conn):
@@ -216,10 +206,30 @@ class Ring:
         root = np.frombuffer(self._map(*slot), np.uint8)
         # Every view below keeps ``root`` alive, so its end is the last one's.
         weakref.finalize(root, self._release, slot[0]).atexit = False
-        objects = [_rebuild(kind, root[start:start + _nbytes(dtype, shape)].view(dtype).reshape(shape, order=order))
-                   for kind, start, dtype, shape, order in table]
-        del root
-        return _Loader(io.BytesIO(head), objects).load()
+        return unpack(head, root, table)
+
+    def read_file(self, fd, at, nbytes, head, table):
+        """``pack``'s object rebuilt from arrays read out of file ``fd`` (``nbytes`` at ``at``) into a slot.
+
+        The ring's two ends are in this process: a rank's ring for the
+        minibatches it takes from its group's shelf (``batchfile.read``).
+        Arrays are views of the slot, under the lifetime rule above.
+        """
+        if not nbytes:
+            return unpack(head, np.empty(0, np.uint8), table)
+        offset = self._slot(nbytes)
+        slot = self._map(offset, self._sizes[offset])
+        with memoryview(slot) as view:
+            done = 0
+            while done < nbytes:
+                got = os.preadv(fd, [view[done:nbytes]], at + done)
+                if not got:
+                    self._idle.add(offset)
+                    raise EOFError(f"the file ends {nbytes - done} bytes early")
+                done += got
+        root = np.frombuffer(slot, np.uint8)
+        weakref.finalize(root, self._release, offset).atexit = False
+        return unpack(head, root, table)
 
     def _release(self, offset):
         with self._lock:
@@ -229,6 +239,41 @@ class Ring:
                 os.write(self._freed_w, struct.pack("=Q", offset))
             except OSError:
                 pass  # the reader is gone or its pipe full (it stopped reading): the slot is moot
+
+
+def pack(obj):
+    """Pickles ``obj`` apart from its arrays: ``(head, table, arrays, bytes the arrays need)``.
+
+    ``table`` lists ``(kind, start, dtype, shape, order)`` per array, each
+    start aligned; ``copy_arrays`` puts them in a buffer, ``unpack`` rebuilds
+    ``obj`` with views of it.
+    """
+    head = io.BytesIO()
+    collector = _Collector(head)
+    collector.dump(obj)
+    table, end = [], 0
+    for kind, array in collector.found:
+        order = "F" if array.flags.f_contiguous and not array.flags.c_contiguous else "C"
+        table.append((kind, end, array.dtype, array.shape, order))
+        end += -(-array.nbytes // _ALIGN) * _ALIGN
+    return head.getvalue(), table, [array for _, array in collector.found], end
+
+
+def copy_arrays(buffer, table, arrays, stop=None):
+    """Copies ``pack``'s arrays into ``buffer``; False if ``stop`` was set on the way."""
+    for (kind, start, dtype, shape, order), array in zip(table, arrays):
+        if stop is not None and stop.is_set():
+            return False
+        dst = np.frombuffer(buffer, np.uint8, array.nbytes, start).view(dtype)
+        np.copyto(dst.reshape(shape, order=order), array, casting="no")
+    return True
+
+
+def unpack(head, root, table):
+    """``obj`` again from ``pack``'s head and table, its arrays views of ``root`` (a uint8 array)."""
+    objects = [_rebuild(kind, root[start:start + _nbytes(dtype, shape)].view(dtype).reshape(shape, order=order))
+               for kind, start, dtype, shape, order in table]
+    return _Loader(io.BytesIO(head), objects).load()
 
 
 def _nbytes(dtype, shape):

@@ -12,10 +12,12 @@ stopped rather than exiting, so the report cannot be lost.
 
 import errno
 import os
+import pickle
 import queue
 import time
 
 from . import wire
+from . import batchfile
 from .inflight import InFlight
 from .messages import Decoded, Failure, Staged
 from ..formats import make_decoder
@@ -141,4 +143,11 @@ def reader_main(worker, parent_pid, tasks, reply, stop, root, loader, loader_opt
             ring.send(reply, Failure.from_exception("read", worker, exc, task.epoch, task.step, rel))
             decoder = None
             continue
-        ring.send(reply, Decoded(task.seq, worker, samples, time.perf_counter() - start), stop)
+        published = False
+        if task.publish is not None:
+            try:
+                batchfile.put(task.publish, samples)
+                published = True
+            except (OSError, pickle.PicklingError, TypeError):
+                pass  # the group's shared memory is full or the samples do not travel: the others decode it
+        ring.send(reply, Decoded(task.seq, worker, samples, time.perf_counter() - start, published), stop)

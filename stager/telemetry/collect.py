@@ -84,6 +84,9 @@ def combine_ranks(summaries):
     total["node_cache"] = {s["node"]: s["cache"] for s in summaries if s["cache"]}
     total["cache"] = combine_cache(total["node_cache"].values())
     total["reads"] = read_totals(total["cache"])
+    groups = [s["group"] for s in summaries if "group" in s]
+    if groups:
+        total["group"] = {key: sum(g[key] for g in groups) for key in groups[0]}
     return total
 
 

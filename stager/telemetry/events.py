@@ -28,7 +28,14 @@ kind           a                    b                   value
 ``RESIZED``    0 prefetch, 1 read   the pool's new size  measured seconds per item
 ``LOCAL``      epoch                bytes local (hits)  0
 ``FALLBACK``   catalog index        bytes               epoch (read from the source: its holder stalled)
+``GROUP``      what (below)         files or samples    bytes (files) or 0
 =============  ===================  ==================  ==========================
+
+A ``GROUP`` event (a job of a shared group, ``staging.share``) says, by its
+``a``: ``GROUP_FILES``, files of a minibatch another job had staged;
+``GROUP_FETCHED``, files this job's minibatch had fetched from the source;
+``GROUP_TAKEN``, a minibatch another job decoded (``b``: its samples);
+``GROUP_GIVEN``, a minibatch this job decoded and published for the others.
 
 ``FINISHED`` is the ``next()`` that found the plan's end: with the
 ``CONSUMED`` events it accounts for every moment of the consumer's loop
@@ -40,12 +47,13 @@ import time
 from array import array
 
 NEEDED, QUEUED, STAGED, TASK, READY, READ, DELIVERED, CONSUMED, REQUEST, EVICTED, USAGE, PEER, SERVED, \
-    FINISHED, RESIZED, LOCAL, FALLBACK = range(17)
+    FINISHED, RESIZED, LOCAL, FALLBACK, GROUP = range(18)
+GROUP_FILES, GROUP_FETCHED, GROUP_TAKEN, GROUP_GIVEN = range(4)
 # What a ``STAGED`` event's bytes (and a prefetcher's ``Staged.done``) may hold besides a count:
 NO_SPACE = -1  # the local file system was full; nothing was published
 PRESENT = -2  # a matching copy was already there; nothing was copied
 KINDS = ("needed", "queued", "staged", "task", "ready", "read", "delivered", "consumed", "request", "evicted",
-         "usage", "peer", "served", "finished", "resized", "local", "fallback")
+         "usage", "peer", "served", "finished", "resized", "local", "fallback", "group")
 
 
 class _Columns:

@@ -53,6 +53,7 @@ class Stats:
         self.batches = self.samples = self.files_staged = self.bytes_staged = self.files_present = 0
         self.stall_s = self.prefetch_s = self.read_s = 0.0
         self.cache = {}
+        self.group = None  # in a shared group: what this job got from it and gave it
         self.started = time.perf_counter()
         self._lock = threading.Lock()
         self.telemetry = tm.Telemetry(on_event=self._on_event)
@@ -102,6 +103,30 @@ class Stats:
                 self.prefetch_s += value
             elif kind == tm.READ:
                 self.read_s += value
+                if self.group is not None:
+                    self.group["samples_decoded"] += b
+            elif kind == tm.GROUP:
+                self._group(a, b, value)
+
+    def _group(self, what, count, nbytes):
+        if self.group is None:
+            self.group = dict.fromkeys(("files_from_group", "bytes_from_group", "files_fetched", "bytes_fetched",
+                                        "batches_from_group", "samples_from_group", "batches_published",
+                                        "samples_decoded"), 0)
+        group = self.group
+        if what == tm.GROUP_FILES:
+            group["files_from_group"] += count
+            group["bytes_from_group"] += int(nbytes)
+        elif what == tm.GROUP_FETCHED:
+            group["files_fetched"] += count
+            group["bytes_fetched"] += int(nbytes)
+            self.files_staged += count  # what this job had copied: the others' share is in files_from_group
+            self.bytes_staged += int(nbytes)
+        elif what == tm.GROUP_TAKEN:
+            group["batches_from_group"] += 1
+            group["samples_from_group"] += count
+        elif what == tm.GROUP_GIVEN:
+            group["batches_published"] += 1
 
     def _epoch(self, epoch):
         if epoch not in self.cache:
@@ -133,4 +158,5 @@ class Stats:
                 "prefetch_busy_s": round(self.prefetch_s, 4),
                 "read_busy_s": round(self.read_s, 4),
                 "cache": [dict(epoch=e, **self.cache[e]) for e in sorted(self.cache)],
+                **({"group": dict(self.group)} if self.group is not None else {}),
             }

@@ -28,6 +28,20 @@ def _table(rows, header):
     return [fmt.format(*header)] + [fmt.format(*row) for row in rows]
 
 
+def group_lines(report):
+    """What a job of a shared group (``staging.share``) got from it and gave it, as text lines; [] for others."""
+    g = report.get("group")
+    if g is None:
+        return []
+    name = ((report.get("config") or {}).get("staging") or {}).get("share") or "?"
+    return [f"group {name!r}: this job fetched {g['files_fetched']} files ({g['bytes_fetched'] / 1e6:.1f} MB) from "
+            f"the source; {g['files_from_group']} files ({g['bytes_from_group'] / 1e6:.1f} MB) it read were staged "
+            "by other jobs (source reads the group saved it)",
+            f"group {name!r}: {g['batches_from_group']} minibatches ({g['samples_from_group']} samples) decoded by "
+            f"other jobs; {g['samples_decoded']} samples decoded here, {g['batches_published']} minibatches of them "
+            "published for the others"]
+
+
 def render(report, plots=()):
     """The report's text.
 
@@ -45,7 +59,7 @@ def render(report, plots=()):
              f"stall: {report['stall_fraction']:.1%} of the loop (slowest rank: {report['stall_s']:.2f} s waiting); "
              f"after the first minibatch {report['steady_stall_fraction']:.1%}",
              f"time to first minibatch: {report['first_batch_s']:.2f} s",
-             f"bottleneck: {verdict.bottleneck}: {verdict.reason}", "", "stages:"]
+             f"bottleneck: {verdict.bottleneck}: {verdict.reason}", *group_lines(report), "", "stages:"]
     rows = []
     if "prefetch" in st:
         p = st["prefetch"]

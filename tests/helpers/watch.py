@@ -62,3 +62,20 @@ def wait_for_lines(path, count, pid=None, timeout=120):
 def wait_removed(path, timeout=60):
     """Blocks until directory ``path`` is removed (``IN_DELETE_SELF``); False after ``timeout``."""
     return _wait(lambda: not os.path.exists(path), path, _IN_DELETE_SELF, timeout)
+
+
+def still_running(pids, timeout):
+    """Waits up to ``timeout`` seconds for each of ``pids`` to exit (on pidfds); returns those that did not."""
+    late = []
+    deadline = time.monotonic() + timeout
+    for pid in pids:
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            continue
+        try:
+            if not select.select([fd], [], [], max(0.0, deadline - time.monotonic()))[0]:
+                late.append(pid)
+        finally:
+            os.close(fd)
+    return late

@@ -1,0 +1,161 @@
+"""A job's side of a shared group: find the group's service or start it, and join it.
+
+Every rank attaches on its own (no collective): it connects to the group's
+address; if nobody listens it starts the service (``daemon.py``) with its
+own job's setup and connects again. Two jobs starting a group at once both
+try; one service wins the name, the other launcher says ``taken`` and its
+job attaches to the winner. A service that is just ending closes the
+connection before its welcome: the rank then starts a new one.
+"""
+
+import hashlib
+import multiprocessing.connection as mpc
+import os
+import pickle
+import subprocess
+import sys
+
+from . import names
+from .daemon import LAUNCHER
+from ..messages import Join
+from ...errors import ConfigError, StageError
+from ...storage import JobDir, agreed_job_id, named_local_base
+
+_TRIES = 5
+
+
+def stream_key(spec, loader, options, rank):
+    """The rank's decoded stream (``messages.Hello.stream``): equal for ranks that read and decode alike.
+
+    None when the order is the front end's own (no plan description) or the
+    decoding cannot be compared (a loader that does not pickle).
+    """
+    if spec is None or not hasattr(spec, "minibatches"):
+        return None
+    try:
+        blob = pickle.dumps((spec, loader, sorted(options.items())), protocol=5)
+    except Exception:
+        return None
+    return f"{hashlib.sha256(blob).hexdigest()[:32]}-{rank}"
+
+
+def _connect(name):
+    try:
+        conn = mpc.Client(names.address(name), family="AF_UNIX")
+    except (ConnectionRefusedError, FileNotFoundError):
+        return None
+    uid = names.peer_uid(conn)
+    if uid != os.getuid():
+        conn.close()
+        raise ConfigError(f"staging.share {name!r}: the group's address on this node is held by another user's "
+                          f"process (uid {uid}); name another group")
+    return conn
+
+
+def _launch(setup):
+    # The group's name on the command line also says in ``ps`` which group the service is.
+    proc = subprocess.run([sys.executable, "-c", LAUNCHER, setup["name"]], input=pickle.dumps(setup),
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=setup["start_timeout_s"])
+    said = proc.stdout.decode().strip()
+    if said not in ("ready", "taken"):
+        raise StageError(f"staging.share {setup['name']!r}: could not start the group's staging service on this "
+                         f"node: {said or proc.stderr.decode().strip()[-2000:]}", stage="prefetch")
+
+
+def attach(name, job, settings, setup, timeout_s):
+    """Joins the group ``name`` on this node, starting its service if none runs.
+
+    Args:
+        name: ``staging.share``.
+        job: Who joins, for messages (``<job id> rank <r>``).
+        settings: What every job of the group must agree on (``messages.Join``).
+        setup: Callable returning the service's setup, should this rank start it.
+        timeout_s: How long to wait for the service's welcome.
+
+    Returns:
+        ``(connection, messages.Welcome)``.
+
+    Raises:
+        ConfigError: The group runs with other settings (the setting is named).
+        StageError: No service could be started or joined.
+    """
+    said = "no answer"
+    for _ in range(_TRIES):
+        conn = _connect(name)
+        if conn is None:
+            _launch(setup())
+            conn = _connect(name)
+            if conn is None:
+                continue  # it ended at once (its founder died meanwhile): start another
+        try:
+            conn.send(Join(job, settings))
+            if not conn.poll(timeout_s):
+                said = f"no welcome within {timeout_s} s"
+                conn.close()
+                break
+            welcome = conn.recv()
+        except (EOFError, OSError) as exc:
+            said = f"{type(exc).__name__}: {exc}"
+            conn.close()
+            continue  # it was ending: start another
+        if welcome.refused:
+            conn.close()
+            raise ConfigError(welcome.refused)
+        return conn, welcome
+    raise StageError(f"staging.share {name!r}: could not join the group's staging service on this node ({said})",
+                     stage="prefetch")
+
+
+def settings(staging, dataset, catalog, base):
+    """What every job of a group must agree on, as ``{config key: value}`` (compared by the service)."""
+    files = catalog.files
+    digest = hashlib.sha256(files.sizes.tobytes())
+    for i in {0, len(files.sizes) - 1} if len(files.sizes) else ():
+        digest.update(files.path(i).encode())
+    root = catalog.root if "://" in str(catalog.root) else os.path.realpath(catalog.root)
+    return {"dataset.source": root, "dataset.format": dataset.format, "dataset.manifest": dataset.manifest,
+            "dataset.keys": list(dataset.keys), "dataset.parts": list(dataset.parts),
+            "dataset.endpoint_url": dataset.endpoint_url,
+            "the catalog": f"{len(catalog)} samples in {len(files.sizes)} files, {int(files.sizes.sum())} bytes "
+                           f"({digest.hexdigest()[:12]})",
+            "staging.local_dir": os.path.realpath(base), "staging.capacity": staging.capacity,
+            "staging.cache_policy": staging.cache_policy, "staging.prefetchers": staging.prefetchers,
+            "staging.files_per_task": staging.files_per_task, "staging.verify": staging.verify,
+            "staging.share_window": staging.share_window}
+
+
+def group_name(staging, world):
+    """The group's name on this node: ``staging.share``, per emulated node where one machine plays several."""
+    return staging.share + (f"-node{world.node}" if world.emulated_node else "")
+
+
+def join(world, staging, processes, dataset, catalog, spec, batch_size, ahead, asked=None):
+    """Attaches this rank to its node's group (``staging.share``): ``attach``'s result.
+
+    Args:
+        world: The ``World``.
+        staging, processes, dataset: The job's config sections (``auto`` counts resolved).
+        asked: The staging section as configured, compared with the group's
+            (two jobs asking for ``auto`` agree even if they resolved it apart).
+        catalog: The job's ``Catalog``.
+        spec: This rank's plan description, or None.
+        batch_size: Samples per minibatch.
+        ahead: Minibatches this rank asks for past the consumer.
+    """
+    # Not ``$STAGER_LOCAL_DIR``: the sbatch templates make it per Slurm job and remove it at the job's end,
+    # while a group outlives the job that started it.
+    base, base_name = named_local_base(staging.local_dir, with_env=False)
+    base = os.path.abspath(base)
+    name = group_name(staging, world)
+    job = f"{agreed_job_id(staging, world)} rank {world.rank}"
+    JobDir(staging, catalog.root, "check", world)  # refuses a local directory inside the source
+    agreed = settings(asked or staging, dataset, catalog, base)
+
+    def setup():
+        return {"name": name, "settings": agreed, "founder": job, "catalog": catalog, "dataset": dataset,
+                "staging": staging, "processes": processes, "base": base, "base_name": base_name,
+                "batch_size": batch_size, "ahead": ahead, "ranks": world.local_size,
+                "most": spec.most_files() if hasattr(spec, "most_files") else None,
+                "start_timeout_s": max(60.0, processes.shutdown_timeout_s * 4)}
+
+    return attach(name, job, agreed, setup, max(60.0, staging.stall_timeout_s))

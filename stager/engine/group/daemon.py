@@ -1,0 +1,230 @@
+"""The group's staging service process: started by the first job of a group, ended by the last.
+
+A job that finds no service runs ``LAUNCHER`` (``python -c``, the group's
+name as argument, the founding job's setup pickled on standard input). It
+claims the group's address by binding it before it imports anything of
+stager, so the jobs that lose a race to start the group cost a bare
+interpreter's start; the winner forks the service into a session of its
+own, so that a signal aimed at the founding job does not reach it, and
+prints ``ready`` (the service is listening), ``taken`` (another job's
+service holds the name: attach to it) or ``error: ...``. The service then
+belongs to the group: it serves every job of this user that
+attaches, and when the last one has left (or none came within
+``first_join_s``) it stops listening, stops its prefetchers and removes its
+directories. Should it be killed, its janitors remove them, and a later
+job's start removes any a reboot left behind (``storage.leftovers``).
+"""
+
+import fcntl
+import logging
+import multiprocessing
+import multiprocessing.connection as mpc
+import os
+import pickle
+import shutil
+import socket
+import threading
+
+from . import names
+from .loop import GroupLoop
+from .shelf import Shelf
+from ..messages import Failure
+from ..service import Doorway
+from ..stalls import Progress
+from ..workerpool import Wake, WorkerPool
+from ..workers import prefetcher_main
+from ...cache import Cache, policy_name
+from ...sources import open_source
+from ...storage import staging_capacity
+from ...storage.basedir import check_base
+from ...storage.janitor import Janitor
+from ...storage.leftovers import LOCK, sweep_at_start, write_owner
+from ...telemetry import Stats
+
+log = logging.getLogger(__name__)
+
+# Binds the group's address first (the claim), then forks the service; imports stager in the service only.
+LAUNCHER = """
+import errno, os, socket, sys
+sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+try:
+    sock.bind("\\0stager-share-%d-%s" % (os.getuid(), sys.argv[1]))
+except OSError as exc:
+    print("taken" if exc.errno == errno.EADDRINUSE else "error: cannot listen: %s" % exc)
+    sys.exit(0 if exc.errno == errno.EADDRINUSE else 1)
+sock.listen(128)
+setup = sys.stdin.buffer.read()
+read, write = os.pipe()
+if os.fork():
+    os.close(write)
+    said = os.fdopen(read, "rb").read().decode() or "error: the service process ended before it started"
+    print(said)
+    sys.exit(0 if said == "ready" else 1)
+os.close(read)
+os.setsid()
+null = os.open(os.devnull, os.O_RDWR)
+for fd in (0, 1, 2):
+    os.dup2(null, fd)  # nobody's pipe is held open by the service
+code = 1
+try:
+    from stager.engine.group.daemon import serve
+    code = serve(sock, setup, write)
+finally:
+    os._exit(code)
+"""
+FIRST_JOIN_S = 120.0  # a service nobody attached to by then was started by a job that died first
+SHM = "/dev/shm"
+
+
+class _Dir:
+    """One of the service's directories: made 0700 with an owner record, watched by a janitor."""
+
+    def __init__(self, base, name):
+        sweep_at_start(base)  # services (or jobs) of this user that are gone
+        self.path = os.path.join(base, name)
+        os.mkdir(self.path, 0o700)
+        self._lock = os.open(os.path.join(self.path, LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fcntl.flock(self._lock, fcntl.LOCK_EX)
+        write_owner(self._lock, False)
+        self.janitor = Janitor(self.path)
+
+    def remove(self, stuck=()):
+        shutil.rmtree(self.path, ignore_errors=True)
+        os.close(self._lock)
+        if stuck:
+            self.janitor.hand_over()
+        else:
+            self.janitor.release()
+
+
+class GroupService(Doorway):
+    """The group's prefetchers, cache, shelf and listener, in the service process.
+
+    Args:
+        setup: The founding job's setup (``attach.join``): the group's
+            name and settings, the catalog, the dataset, staging and
+            processes sections, the local base directory and the look-ahead.
+        sock: The listening socket on the group's address.
+    """
+
+    def __init__(self, setup, sock):
+        super().__init__()
+        self.name, self.settings, self.founder = setup["name"], setup["settings"], setup["founder"]
+        self.catalog, self.staging = setup["catalog"], setup["staging"]
+        self.shutdown_timeout_s = setup["processes"].shutdown_timeout_s
+        self.first_join_s = setup.get("first_join_s", FIRST_JOIN_S)
+        self._setup = setup
+        self._sock = sock
+        self.remote_clients = 0
+        self.on_staged = self.peers = self.resizer = None
+        self.telemetry = Stats().telemetry
+        self.wake = Wake()
+        self.dirs = []
+        self.last = []  # the last client's connection, closed once everything is removed
+        self.pool = None
+        self._acceptor = None
+
+    def start(self):
+        setup, staging = self._setup, self.staging
+        check_base(setup["base"], setup["base_name"])
+        own = names.dir_prefix(self.name) + str(os.getpid())
+        data = _Dir(setup["base"], own)
+        self.dirs.append(data)
+        self.local_dir = data.path
+        shelf_dir = _Dir(SHM, own) if os.path.isdir(SHM) and os.access(SHM, os.W_OK) else None
+        if shelf_dir is not None:
+            self.dirs.append(shelf_dir)
+        self.shelf = Shelf(shelf_dir.path if shelf_dir else data.path, staging.share_window)
+        files = self.catalog.files
+        capacity, self.ahead, window, note = staging_capacity(staging, self.local_dir, files.sizes,
+                                                              setup["batch_size"], setup["ahead"], setup["ranks"],
+                                                              setup["most"])
+        if note:
+            log.info("stager: %s", note)
+        self.cache = Cache(files.sizes, policy_name(staging.cache_policy, capacity), capacity, window,
+                           self.catalog.file_index)
+        self.source = open_source(self.catalog.root, setup["dataset"], staging.verify)
+        getattr(self.source, "warm", lambda: None)()
+        ctx = multiprocessing.get_context(setup["processes"].start_method)
+        self.progress = Progress(ctx, staging.prefetchers, getattr(self.source, "concurrency", 1))
+        self.pool = WorkerPool(ctx, "prefetch", "stager-prefetch", staging.prefetchers, prefetcher_main,
+                               (self.source, self.local_dir, self.progress),
+                               {d.janitor.fileno() for d in self.dirs})
+        self._acceptor = threading.Thread(target=self._accept, name="stager-accept", daemon=True)
+        self._acceptor.start()
+
+    def _accept(self):
+        uid = os.getuid()
+        while not self._halt.is_set():
+            try:
+                sock, _ = self._sock.accept()
+            except OSError:
+                if self._halt.is_set():
+                    return
+                continue
+            if self._halt.is_set() or names.socket_uid(sock) != uid:
+                sock.close()  # the group is this user's alone
+                continue
+            sock.setblocking(True)
+            self._incoming.put(mpc.Connection(sock.detach()))
+            self.wake.notify()
+
+    def run(self):
+        loop = GroupLoop(self)
+        try:
+            loop.run()
+        except BaseException as exc:
+            log.exception("stager: the group's staging service failed")
+            loop.fail(Failure.from_exception("prefetch", "group service", exc,
+                                             message=f"staging.share {self.name!r}: the group's staging service "
+                                                     f"failed: {type(exc).__name__}: {exc}"))
+        finally:
+            for conn in loop.clients:
+                conn.close()
+
+    def close(self):
+        """Stops listening first (a job arriving now starts a new service), then everything else."""
+        self._halt.set()
+        if self._acceptor is not None and self._acceptor.is_alive():
+            try:  # unblocks accept(); it sees the halt flag
+                with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as knock:
+                    knock.connect(self._sock.getsockname())
+            except OSError:
+                pass
+            self._acceptor.join(timeout=self.shutdown_timeout_s)
+        self._sock.close()
+        for conn in self.accepted():
+            conn.close()  # arrived too late: it sees end-of-file and starts a new service
+        stuck = self.pool.stop(self.shutdown_timeout_s) if self.pool is not None else []
+        self.wake.close()
+        for d in self.dirs:
+            d.remove(stuck)
+        for conn in self.last:
+            conn.close()
+
+
+def serve(sock, setup, ready_fd):
+    """The service's life on its bound socket; says ``ready`` or ``error: ...`` on ``ready_fd``.
+
+    Returns:
+        The process's exit code.
+    """
+    def tell(text):
+        os.write(ready_fd, text.encode())
+        os.close(ready_fd)
+
+    service = None
+    try:
+        service = GroupService(pickle.loads(setup), sock)
+        service.start()
+    except BaseException as exc:
+        tell(f"error: {type(exc).__name__}: {exc}")
+        if service is not None:
+            service.close()
+        return 1
+    tell("ready")
+    try:
+        service.run()
+    finally:
+        service.close()
+    return 0

@@ -1,0 +1,38 @@
+"""Where a group's service listens and keeps its files, and who may talk to it.
+
+The service listens on a Unix socket in Linux's abstract namespace, named by
+the user's id and the group (``daemon.LAUNCHER`` spells the name too): binding it is atomic, so of two jobs starting a
+group at once one service wins, and the name vanishes with the process, so a
+killed service leaves no stale socket. Anyone on the host could knock on an
+abstract name; the kernel's credentials of each connection (``SO_PEERCRED``)
+decide: the service serves its own user only, and a job talks only to a
+service of its own user.
+"""
+
+import os
+import socket
+import struct
+
+_PREFIX = "stager-share"
+
+
+def address(name):
+    """The group's socket address (abstract namespace) for this user."""
+    return f"\0{_PREFIX}-{os.getuid()}-{name}"
+
+
+def dir_prefix(name):
+    """What every directory of this user's group ``name`` is named from (``<prefix>-<service pid>``)."""
+    return f"{_PREFIX}-{os.getuid()}-{name}-"
+
+
+def socket_uid(sock):
+    """The user id of the process at the other end of a connected Unix socket (the kernel's record)."""
+    _, uid, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    return uid
+
+
+def peer_uid(conn):
+    """``socket_uid`` of a ``multiprocessing`` connection over a Unix socket."""
+    with socket.socket(fileno=os.dup(conn.fileno())) as sock:
+        return socket_uid(sock)
