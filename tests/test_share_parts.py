@@ -169,3 +169,10 @@ def test_two_pipelines_in_one_group_deliver_the_source_bytes_and_leave_nothing(s
     assert sum(s["files_fetched"] for s in stats) == 100
     assert os.listdir(tmp_path / "local") == []
     assert not glob.glob(f"/dev/shm/stager-share-{os.getuid()}-{name}-*")
+
+
+def test_a_group_directory_inside_the_source_is_refused_before_any_service_starts(dataset, tmp_path):
+    root, _ = dataset
+    cfg = make_config(root, os.path.join(root, "c000"), staging={"share": f"t{uuid.uuid4().hex[:10]}"})
+    with pytest.raises(ConfigError, match="staging.local_dir .* lies inside the dataset source"):
+        Pipeline(cfg).start()

@@ -15,11 +15,13 @@ import pickle
 import subprocess
 import sys
 
+import numpy as np
+
 from . import names
 from .daemon import LAUNCHER
 from ..messages import Join
 from ...errors import ConfigError, StageError
-from ...storage import JobDir, agreed_job_id, named_local_base
+from ...storage import agreed_job_id, named_local_base
 
 _TRIES = 5
 
@@ -109,7 +111,7 @@ def attach(name, job, settings, setup, timeout_s):
 def settings(staging, dataset, catalog, base):
     """What every job of a group must agree on, as ``{config key: value}`` (compared by the service)."""
     files = catalog.files
-    digest = hashlib.sha256(files.sizes.tobytes())
+    digest = hashlib.sha256(np.ascontiguousarray(files.sizes).data)
     for i in {0, len(files.sizes) - 1} if len(files.sizes) else ():
         digest.update(files.path(i).encode())
     root = catalog.root if "://" in str(catalog.root) else os.path.realpath(catalog.root)
@@ -135,20 +137,28 @@ def join(world, staging, processes, dataset, catalog, spec, batch_size, ahead, a
     Args:
         world: The ``World``.
         staging, processes, dataset: The job's config sections (``auto`` counts resolved).
-        asked: The staging section as configured, compared with the group's
-            (two jobs asking for ``auto`` agree even if they resolved it apart).
         catalog: The job's ``Catalog``.
         spec: This rank's plan description, or None.
         batch_size: Samples per minibatch.
         ahead: Minibatches this rank asks for past the consumer.
+        asked: The staging section as configured, compared with the group's
+            (two jobs asking for ``auto`` agree even if they resolved it apart).
+
+    Raises:
+        ConfigError: The group's local directory lies inside the source, or
+            the group runs with other settings.
     """
     # Not ``$STAGER_LOCAL_DIR``: the sbatch templates make it per Slurm job and remove it at the job's end,
     # while a group outlives the job that started it.
     base, base_name = named_local_base(staging.local_dir, with_env=False)
     base = os.path.abspath(base)
+    if "://" not in str(catalog.root):
+        src = os.path.realpath(catalog.root)
+        if os.path.commonpath([os.path.realpath(base), src]) == src:
+            raise ConfigError(f"{base_name} {base} lies inside the dataset source {src}; stager never writes to "
+                              "the shared file system")
     name = group_name(staging, world)
     job = f"{agreed_job_id(staging, world)} rank {world.rank}"
-    JobDir(staging, catalog.root, "check", world)  # refuses a local directory inside the source
     agreed = settings(asked or staging, dataset, catalog, base)
 
     def setup():
