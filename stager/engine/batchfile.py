@@ -4,10 +4,10 @@ The file holds a small header, the pickled minibatch with a reference in
 place of each array (``wire.pack``), and the arrays, page-aligned. Both
 ways go through the kernel, never through a mapping: the publishing reader
 writes the arrays with ``pwritev`` and a taking rank reads them with
-``preadv`` straight into a slot of its own ``wire.Ring``. A fresh mapping
-of a 25 MB minibatch costs a page fault per 4 KiB (about 12 ms on a virtual
-machine, four times the copy), while the kernel's copy into the page cache
-of a file written before costs the copy alone. And since no process maps a
+``preadv`` straight into a slot of its own ``wire.Ring``. Writing 25 MB into
+a fresh file through a mapping costs a page fault per 4 KiB on top of the
+new pages (24 ms here), the kernel's copy into a file written before the
+copy alone (6 ms; ``benchmarks/shelf_copy.py``). And since no process maps a
 file, the group's service may give it to the next publisher as soon as the
 ranks taking it have read it (``group/shelf.py``).
 """

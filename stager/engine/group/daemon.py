@@ -115,7 +115,6 @@ class GroupService(Doorway):
         self.first_join_s = setup.get("first_join_s", FIRST_JOIN_S)
         self._setup = setup
         self._sock = sock
-        self.remote_clients = 0
         self.on_staged = self.peers = self.resizer = None
         self.telemetry = Stats().telemetry
         self.wake = Wake()

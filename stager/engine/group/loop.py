@@ -30,10 +30,10 @@ from .shelf import OWN, PUBLISH, SHARED, WAIT
 
 
 class _Client:
-    __slots__ = ("job", "number", "stream", "key")
+    __slots__ = ("number", "stream", "key")
 
-    def __init__(self, job, number):
-        self.job, self.number = job, number  # the job's name, and a number per job for ``fetched_by``
+    def __init__(self, number):
+        self.number = number                 # one per job, for ``fetched_by``
         self.stream = None
         self.key = None                      # this client's key in the cache's future
 
@@ -88,6 +88,7 @@ class GroupLoop(ServiceLoop):
             client.key = self.next_key
             self.next_key += 1
             client.stream = msg.stream
+            self.rank_of[conn] = client.key
             self.cache.add_plan(client.key, msg.plan)
         elif isinstance(msg, (Bye, Fail)):
             # A job that fails or ends detaches; the others go on.
@@ -113,7 +114,7 @@ class GroupLoop(ServiceLoop):
                 self.leave(conn)
                 return
         number = self.jobs.setdefault(msg.job.split(" rank ")[0], len(self.jobs))
-        self.who[conn] = _Client(msg.job, number)
+        self.who[conn] = _Client(number)
         self.send(conn, Welcome(self.s.local_dir, self.s.ahead))
         if self.failed is not None:
             self.send(conn, self.failed)
@@ -135,7 +136,6 @@ class GroupLoop(ServiceLoop):
 
     def need(self, conn, msg):
         client = self.who[conn]
-        self.rank_of[conn] = client.key
         cache = self.cache
         files = np.unique(self.to_files(msg.indices))
         absent = files[cache.state[files] == ABSENT]
@@ -164,6 +164,7 @@ class GroupLoop(ServiceLoop):
     def release(self, request, published=False):
         if request is None:
             return
+        self.counts.pop((request.conn, request.seq), None)  # released before its answer: its client left
         role = self.roles.pop((request.conn, request.seq), None)
         if role is not None:
             verdict, stream, key = role
