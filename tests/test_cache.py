@@ -3,6 +3,8 @@ policies run end to end through real pipelines on the FUSE source."""
 
 import math
 import os
+import random
+import time
 
 import numpy as np
 import pytest
@@ -12,7 +14,9 @@ from stager import plan
 from stager.cache import (ABSENT, IN_FLIGHT, POLICIES, STAGED, Cache, check_window, make_policy, parse_capacity,
                           resolve_capacity)
 from stager.engine import Pipeline
+from stager.engine.readpins import ReadPins
 from stager.errors import ConfigError, StageError
+from stager.model import cache_misses
 
 
 def test_a_request_pins_each_file_and_fetches_only_absent_ones():
@@ -118,10 +122,10 @@ def usage(directory):
     return total
 
 
-def run(cfg, catalog, root):
+def run(cfg, catalog, root, loader=None):
     """Runs a pipeline; checks plan order and bytes; returns stats and the job directory's peak usage."""
     seen, peak = [], 0
-    with Pipeline(cfg, catalog) as pipe:
+    with Pipeline(cfg, catalog, loader=loader) as pipe:
         for batch in pipe:
             seen.append(batch.indices.tolist())
             for i, (data, _) in zip(batch.indices, batch.samples):
@@ -155,6 +159,60 @@ def test_clairvoyant_misses_equal_belady_and_no_more_than_lru_and_fifo(slow_sour
     assert misses["clairvoyant"] == [sum(optimum[e * steps:(e + 1) * steps]) for e in range(3)]
     assert sum(misses["clairvoyant"]) <= min(sum(misses["lru"]), sum(misses["fifo"]))
     assert sum(misses["clairvoyant"]) < 3 * len(catalog), "the cache must save some reads"
+
+
+class JitteredRead:
+    """Reads a sample's bytes after a pause of 0 to 4 ms drawn per reader process: each run's readers
+    finish, and release, their minibatches in an order and at a pace of their own."""
+
+    def __init__(self, seed):
+        self.seed = seed
+        self.rng = None
+
+    def __call__(self, path):
+        if self.rng is None:
+            self.rng = random.Random(f"{self.seed}-{os.getpid()}")
+        time.sleep(self.rng.random() * 0.004)
+        with open(path, "rb") as fh:
+            return fh.read()
+
+
+def test_a_bounded_cache_fetches_what_the_replay_says_whatever_the_readers_pace(slow_source, dataset, tmp_path):
+    """Four minibatches asked ahead and two readers releasing them at their own pace, out of order at times:
+    the source reads per epoch are the plan's replay (``model.cache_misses``) in every run."""
+    root, _ = dataset
+    base = make_config(slow_source, tmp_path / "local", plan={"epochs": 3}, dataset={"loader": "raw"},
+                       staging={"lookahead": 4}, reader={"workers": 2, "ahead": 4})
+    catalog = load_catalog(base)
+    capacity = 40 * int(catalog.sizes.max())
+    cfg = base.replace(staging={"capacity": capacity, "cache_policy": "clairvoyant"})
+    spec = plan.PlanSpec.from_config(len(catalog), cfg.plan, 1)
+    want = cache_misses(catalog.sizes, spec, capacity=capacity, policy="clairvoyant", ahead=4)
+    assert sum(want) > len(catalog), "the capacity must make the cache fetch again"
+    for seed in (None, 1, 2):
+        stats, peak = run(cfg, catalog, root, None if seed is None else JitteredRead(seed))
+        assert [e["files_from_source"] for e in stats.cache_table()] == want, f"pace {seed}"
+        assert peak <= capacity
+
+
+def test_read_minibatches_are_let_go_a_look_ahead_behind_or_oldest_first_when_room_is_needed():
+    pins = ReadPins()
+    pins.hello("a", 2)
+    pins.hello("b", 2)
+    for seq in range(3):
+        assert pins.asking("a", seq) == []
+        pins.pinned("a", seq, f"a{seq}")
+    assert pins.asking("b", 0) == []
+    pins.pinned("b", 0, "b0")
+    assert pins.read("a", 1) == [] and pins.oldest_read() is None, "a1 is read, but a0 before it is not"
+    assert pins.read("a", 0) == ["a0"], "a0 lies two behind a2, asked for already; a1 only one"
+    assert pins.read("b", 0) == []
+    assert pins.oldest_read() == "a1", "room needed: of the read heads, the one asked for first"
+    assert pins.oldest_read() == "b0" and pins.oldest_read() is None
+    assert pins.asking("a", 4) == [], "a2 is not read yet"
+    pins.pinned("a", 4, "a4")
+    assert pins.read("a", 2) == ["a2"]
+    assert pins.leave("a") == ["a4"] and pins.leave("b") == [] and pins.read("a", 4) == []
 
 
 def test_minio_keeps_what_fits_and_never_replaces_it(slow_source, dataset, tmp_path):

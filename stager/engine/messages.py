@@ -42,11 +42,15 @@ class Hello:
         stream: In a shared group, the rank's decoded stream: ranks of jobs
             whose plan, rank and decoding agree name the same one and share
             decoded minibatches; None: this rank decodes for itself.
+        ahead: Minibatches the rank asks for past the one its consumer
+            holds: it asks for ``s`` only once it has read ``s - ahead``, so
+            the service lets that minibatch's files go then (``readpins``).
     """
 
     rank: int
     plan: Any = None
     stream: Optional[str] = None
+    ahead: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -200,14 +200,14 @@ class Pipeline:
                 stream = group.stream_key(spec, self._loader, options, world.rank)
                 ch.claims = stream is not None
                 ch.shelf_ring = Ring() if ch.claims else None
-                ch.send(Hello(world.rank, spec, stream))
+                ch.send(Hello(world.rank, spec, stream, self._ahead()))
             elif self._staging.enabled:
                 self._jobdir = JobDir(self._staging, self.catalog.root, agreed_job_id(self._staging, world), world)
                 self._jobdirs.append(self._jobdir)
                 self.local_dir = self._jobdir.path
                 read_root = self._connect_service(ctx, source, spec, self._join_peers(),
                                                   autocounts.prefetcher_limit(self._auto) if auto_prefetch else None)
-                ch.send(Hello(world.rank, spec))
+                ch.send(Hello(world.rank, spec, ahead=self._ahead()))
             read_ahead = self._reader.ahead or 2 * self._reader.workers
             coordinator = Coordinator(ch, minibatches, self.catalog, self.stats.telemetry, self._ahead(), read_ahead)
             if self._staging.enabled:

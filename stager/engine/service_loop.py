@@ -5,9 +5,10 @@ request (``Need``) pins its files in the ``Cache`` and waits on each file
 not yet staged; its absent files are fetched once the cache has room for
 them (requests that need room are admitted in arrival order). It is answered
 (``Ready``) when its last file is staged, so a reply costs the files it
-carries, not a scan of every waiting request. A ``Release`` unpins a
-request's files and lets the policy remove what it will not keep, which may
-make room for the next request waiting.
+carries, not a scan of every waiting request. A ``Release`` marks a request
+read; its files are unpinned when ``readpins.ReadPins`` says so, and the
+policy removes what it will not keep, which may make room for the next
+request waiting.
 """
 
 import collections
@@ -20,6 +21,7 @@ import numpy as np
 
 from .deadlines import DeadlineQueue
 from .messages import Bye, Fail, Failure, Hello, Need, Ready, Release, StageTask, Staged
+from .readpins import ReadPins
 from .stalls import stall_failure
 from .workerpool import RETIRED
 from .. import telemetry as tm
@@ -72,7 +74,8 @@ class ServiceLoop:
         self.clients = [own]
         self.rank_of = {}        # connection -> the rank that said Hello on it
         self.joined = 0          # remote clients accepted so far
-        self.requests = {}       # (conn, seq) -> _Request, until released
+        self.requests = {}       # (conn, seq) -> _Request, until read (Release)
+        self.pins = ReadPins()   # requests whose files are pinned, until read and let go
         self.waiting = {}        # file index -> [_Request] still waiting for it
         self.admitting = collections.deque()  # requests with files to fetch, in arrival order
         self.task_time = {}      # task id -> seconds, until its request is answered
@@ -147,15 +150,19 @@ class ServiceLoop:
         elif isinstance(msg, Release):
             self.release(self.requests.pop((conn, msg.seq), None))
         elif isinstance(msg, Hello):
-            self.rank_of[conn] = msg.rank
-            self.cache.add_plan(msg.rank, msg.plan)
+            self.hello(conn, msg.rank, msg)
         elif isinstance(msg, Fail):
             self.fail(Failure("pipeline", "node leader", cause="PeerFailed", message=msg.reason), skip=conn)
         elif isinstance(msg, Bye):
             self.clients.remove(conn)
-            for key in [k for k in self.requests if k[0] is conn]:
-                self.release(self.requests.pop(key))
+            self.forget(conn)
             conn.close()
+
+    def hello(self, conn, key, msg):
+        """A client's ``Hello``: its plan joins the cache's future under ``key``."""
+        self.rank_of[conn] = key
+        self.pins.hello(conn, msg.ahead)
+        self.cache.add_plan(key, msg.plan)
 
     # Requests -------------------------------------------------------------
 
@@ -164,6 +171,8 @@ class ServiceLoop:
             self.send(conn, self.failed)
             return
         cache = self.cache
+        # First: the future as of the rank's previous request still counts the files this one reads.
+        self.unpin(self.pins.asking(conn, msg.seq))
         if conn in self.rank_of:
             cache.future.advance(self.rank_of[conn], msg.seq)
         self.epoch = msg.epoch
@@ -173,6 +182,7 @@ class ServiceLoop:
         self.s.telemetry.record(tm.LOCAL, msg.epoch, int(cache.sizes[files].sum() - cache.sizes[missing].sum()))
         request = _Request(conn, msg, files, missing, len(pending))
         self.requests[(conn, msg.seq)] = request
+        self.pins.pinned(conn, msg.seq, request)
         for index in pending.tolist():
             self.waiting.setdefault(index, []).append(request)
         if len(missing):
@@ -194,6 +204,10 @@ class ServiceLoop:
                                   message=str(exc)))
                 return
             if victims is None:
+                read = self.pins.oldest_read()
+                if read is not None:
+                    self.unpin([read])
+                    continue
                 if len(self.requests) == len(self.admitting) and not cache.in_flight_bytes:
                     self.fail(Failure("prefetch", "service", request.epoch, request.step, cause="CacheFull",
                                       message=f"staging.capacity {human(cache.capacity)} cannot hold minibatch "
@@ -244,14 +258,25 @@ class ServiceLoop:
         return missing
 
     def release(self, request):
-        """A request's minibatch was read (or its client left): unpin, let the policy remove."""
+        """A request's minibatch was read (or its client left): its files go once ``ReadPins`` lets them."""
         if request is None:
             return
         for t in request.tasks:
             self.task_time.pop(t, None)
         if request in self.admitting:  # its client left before it could be admitted
             self.admitting.remove(request)
-        self.remove(self.cache.release(request.files))
+        self.unpin(self.pins.read(request.conn, request.seq))
+        self.admit()
+
+    def unpin(self, requests):
+        for request in requests:
+            self.remove(self.cache.release(request.files))
+
+    def forget(self, conn):
+        """A client left: whatever it asked for, read or not, is unpinned."""
+        for key in [k for k in self.requests if k[0] is conn]:
+            self.release(self.requests.pop(key))
+        self.unpin(self.pins.leave(conn))
         self.admit()
 
     def remove(self, indices):
@@ -313,11 +338,18 @@ class ServiceLoop:
             self.no_space[index] += 1
         indices = np.array(indices)
         want = int(cache.sizes[indices].sum())
-        try:
-            tries_left = max(self.no_space[i] for i in indices.tolist()) <= _NO_SPACE_TRIES
-            victims = cache.policy.victims(cache, want) if tries_left else []
-        except CacheFull:
-            victims = []
+        victims = []
+        if max(self.no_space[i] for i in indices.tolist()) <= _NO_SPACE_TRIES:
+            try:
+                victims = cache.policy.victims(cache, want)
+                while int(cache.sizes[victims].sum()) < want:
+                    read = self.pins.oldest_read()  # the policy may evict too little: read minibatches too
+                    if read is None:
+                        break
+                    self.unpin([read])
+                    victims = cache.policy.victims(cache, want)
+            except CacheFull:
+                victims = []
         if not victims or int(cache.sizes[victims].sum()) < want:
             rel = self.catalog.path(indices[0])
             self.fail(Failure("prefetch", "service", epoch, None, rel, "OSError",

@@ -88,8 +88,7 @@ class GroupLoop(ServiceLoop):
             client.key = self.next_key
             self.next_key += 1
             client.stream = msg.stream
-            self.rank_of[conn] = client.key
-            self.cache.add_plan(client.key, msg.plan)
+            self.hello(conn, client.key, msg)
         elif isinstance(msg, (Bye, Fail)):
             # A job that fails or ends detaches; the others go on.
             self.leave(conn)
@@ -123,8 +122,7 @@ class GroupLoop(ServiceLoop):
         if conn not in self.clients:
             return
         self.clients.remove(conn)
-        for key in [k for k in self.requests if k[0] is conn]:
-            self.release(self.requests.pop(key), published=False)
+        self.forget(conn)
         client = self.who.pop(conn, None)
         if client is not None and client.key is not None:
             self.cache.drop_plan(client.key)
