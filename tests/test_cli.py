@@ -2,7 +2,6 @@
 
 import json
 import os
-import select
 import signal
 import socket
 import subprocess
@@ -11,6 +10,7 @@ import pytest
 
 from conftest import child_pids, make_job_data, stager_cmd
 from helpers.terminal import Terminal
+from helpers.watch import still_running
 from stager import plan
 from stager.catalog import Catalog
 from stager.config import PlanConfig
@@ -56,16 +56,8 @@ reader:
 
 
 def wait_gone(pids, timeout):
-    for pid in pids:
-        try:
-            fd = os.pidfd_open(pid)
-        except ProcessLookupError:
-            continue
-        try:
-            ready, _, _ = select.select([fd], [], [], timeout)
-            assert ready, f"process {pid} still runs"
-        finally:
-            os.close(fd)
+    late = still_running(pids, timeout)
+    assert not late, f"processes {late} still run"
 
 
 def test_run_writes_report_and_records_that_match_the_plan(tmp_path):
