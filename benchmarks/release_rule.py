@@ -6,8 +6,8 @@ what a clairvoyant cache fetches again does not depend on the readers' pace.
 Before, each ``Release`` unpinned at once: with readers that keep ahead of
 the consumer, up to ``read_ahead - 1`` more minibatches were unpinned at a
 request, and the policy had more files to choose its victims from. This
-replays both extremes through the engine's own ``cache.Cache`` and policy
-(fetches complete at once) and prints the files fetched again after the
+replays both extremes through ``model.misses`` (the engine's own
+``cache.Cache`` and policy, fetches complete at once) and prints the files fetched again after the
 first epoch:
 
 - ``held``: the rule (what every run now fetches, one rank a node);
@@ -18,7 +18,6 @@ first epoch:
     .venv/bin/python benchmarks/release_rule.py
 """
 
-import collections
 import os
 import sys
 
@@ -27,8 +26,8 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from stager import plan  # noqa: E402
-from stager.cache import Cache, check_window  # noqa: E402
 from stager.config import PlanConfig  # noqa: E402
+from stager.model import step_misses  # noqa: E402
 
 # (files, batch size, look-ahead, read-ahead, capacity as a share of the dataset)
 CASES = [(100, 8, 4, 4, 0.40), (300, 6, 4, 2, 0.35), (300, 6, 4, 2, 0.15), (1_000, 16, 8, 4, 0.20),
@@ -36,33 +35,14 @@ CASES = [(100, 8, 4, 4, 0.40), (300, 6, 4, 2, 0.35), (300, 6, 4, 2, 0.15), (1_00
 FILE_BYTES = 100_000
 
 
-def refetched(sizes, spec, capacity, ahead, held):
-    """Files fetched after the first epoch when ``held`` requests stay pinned behind each new one."""
-    window = check_window(capacity, sizes, spec.batch_size, ahead, 1, spec.most_files())
-    cache = Cache(sizes, "clairvoyant", capacity, window)
-    cache.add_plan(0, spec)
-    pinned, fetched = collections.deque(), 0
+def refetched(sizes, spec, capacity, held):
+    """Files fetched after the first epoch when ``held`` requests stay pinned behind each new one.
 
-    def read_oldest():
-        for index in cache.release(pinned.popleft()):
-            cache.removed(index)
-
-    for seq, mb in enumerate(spec.minibatches(0)):
-        while len(pinned) >= held:
-            read_oldest()
-        cache.future.advance(0, seq)
-        files = np.unique(mb.indices)
-        missing, _ = cache.pin(files)
-        while (victims := cache.room_for(int(sizes[missing].sum()))) is None:
-            read_oldest()
-        for index in victims:
-            cache.removed(index)
-        cache.fetching(missing)
-        for index in missing.tolist():
-            cache.staged(index)
-        pinned.append(files)
-        fetched += len(missing) if mb.epoch else 0
-    return fetched
+    ``model.misses`` replays a rank that keeps ``ahead`` requests pinned; its window check is the only
+    other use of ``ahead``, and the capacities here pass it at either count.
+    """
+    return int(sum(epoch.sum() for epoch in step_misses(sizes, spec, capacity=capacity, policy="clairvoyant",
+                                                         ahead=held)[1:]))
 
 
 def main():
@@ -73,8 +53,8 @@ def main():
         spec = plan.PlanSpec.from_config(files, PlanConfig(batch_size=batch, epochs=3, seed=2), 1)
         capacity = int(share * files * FILE_BYTES)
         window = ahead * batch * FILE_BYTES
-        held = refetched(sizes, spec, capacity, ahead, ahead)
-        early = refetched(sizes, spec, capacity, ahead, ahead - read_ahead + 1)
+        held = refetched(sizes, spec, capacity, ahead)
+        early = refetched(sizes, spec, capacity, ahead - read_ahead + 1)
         print(f"| {files:,} | {batch} | {ahead} | {read_ahead} | {share:.0%} | {window / capacity:.0%} | {held:,} "
               f"| {early:,} | {100 * (held - early) / max(early, 1):+.1f}% |")
 
