@@ -92,6 +92,7 @@ class OrderBook:
         self.raw_length = n
         self.anchor = 0           # a stream position that minibatches start at
         self._orders = {}         # epoch -> order (sampled, or loaded from a snapshot)
+        self._failures = {}       # epoch -> the error of its last draw, until the consumer is told
         self._lock = threading.Lock()
 
     @property
@@ -144,9 +145,29 @@ class OrderBook:
             at = max(known)
             while at < epoch:
                 at += 1
-                drawn = self.sampler(self._orders[at - 1], self._sampler_position(at))
-                self._orders[at] = check_order(drawn, self.n, "order_sampler", length=self.raw_length)
+                try:
+                    drawn = check_order(self.sampler(self._orders[at - 1], self._sampler_position(at)), self.n,
+                                        "order_sampler", length=self.raw_length)
+                except Exception as exc:
+                    self._failures[at] = exc
+                    raise
+                self._failures.pop(at, None)
+                self._orders[at] = drawn
             return self._orders[epoch]
+
+    def drawn(self, epoch):
+        """Makes sure epoch ``epoch``'s order was drawn, raising the error of its draw if it failed.
+
+        Chainer draws an epoch's order in the ``next()`` call whose minibatch
+        reaches the end of the previous epoch; the consumer calls this there,
+        so a bad order fails that call, whether the plan's thread drew it
+        already (its error is raised, the sampler is not asked twice) or not.
+        """
+        with self._lock:
+            failure = self._failures.pop(epoch, None)
+        if failure is not None:
+            raise failure
+        self.raw(epoch)
 
     def fitted(self, epoch):
         """Epoch ``epoch``'s order as the ranks share it."""

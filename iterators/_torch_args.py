@@ -8,14 +8,18 @@ processes (``num_workers``, ``prefetch_factor``, ``timeout``,
 epoch ``torch.randperm`` seeded with seed + epoch (``shuffle_algorithm:
 torch``), rank r reading every world-size-th sample from r (``split:
 strided``), padded or cut to the ranks as its ``drop_last`` says.
+
+Before either, ``dataloader_rules`` builds a ``DataLoader`` from the same
+arguments, so that what DataLoader refuses is refused with DataLoader's own
+error, and its defaults (``prefetch_factor``, ``collate_fn``, ...) are its
+own: the rules are torch's, not a copy of them.
 """
 
-import multiprocessing
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
-from torch.utils.data import DistributedSampler, RandomSampler, SequentialSampler
+from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, SequentialSampler
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,19 @@ def _check_distributed(sampler, world, length):
                          f"{length}: give both the same dataset")
 
 
+def dataloader_rules(dataset, **arguments):
+    """DataLoader's own checks and defaults for these arguments: the ``DataLoader`` they make.
+
+    Building one starts no process and reads no sample. ``dataset`` is the
+    user's; the older form passes a one-sample stand-in, whose order the
+    stager config describes.
+
+    Raises:
+        ValueError, TypeError: What ``DataLoader`` raises, as it raises it.
+    """
+    return DataLoader(dataset, **arguments)
+
+
 def loader_plan(length, batch_size, shuffle, sampler, batch_sampler, drop_last, generator, world):
     """The plan section for DataLoader's order arguments, and where its seed comes from.
 
@@ -58,24 +75,19 @@ def loader_plan(length, batch_size, shuffle, sampler, batch_sampler, drop_last, 
         An ``Order``.
 
     Raises:
-        ValueError: For arguments DataLoader refuses too (a sampler with
-            ``shuffle``), or a ``DistributedSampler`` of another world.
+        ValueError: For a ``DistributedSampler`` of another world.
         TypeError: For a ``batch_sampler`` or a sampler whose order stager
-            cannot compute ahead.
+            cannot compute ahead (after ``dataloader_rules`` passed them).
     """
     if batch_sampler is not None:
         raise TypeError("StagedLoader computes each epoch's minibatches ahead of time from a seed (that is how it "
                         "stages them before they are needed), so it cannot take a batch_sampler, whose batches only "
                         "it knows; use batch_size, shuffle and drop_last, or DataLoader for a custom batch_sampler")
-    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
-        raise ValueError(f"batch_size should be a positive integer or None, but got batch_size={batch_size!r}")
     plan = {"batch_size": batch_size or 1, "epochs": 0, "drop_last": bool(drop_last) and batch_size is not None,
             "shuffle_algorithm": "torch", "split": "strided", "remainder": "pad"}
     if sampler is None:
         plan["shuffle"] = bool(shuffle)
         return Order(plan, "torch" if generator is None else "generator")
-    if shuffle is not None:
-        raise ValueError("sampler option is mutually exclusive with shuffle")
     if isinstance(sampler, DistributedSampler):
         _check_distributed(sampler, world, length)
         plan.update(shuffle=bool(sampler.shuffle), seed=int(sampler.seed),
@@ -108,33 +120,21 @@ def process_settings(num_workers, prefetch_factor, timeout, multiprocessing_cont
     """The ``reader`` and ``processes`` values (and the stall limit) for DataLoader's process arguments.
 
     ``num_workers`` readers (0 keeps ``reader.workers``: stager always
-    decodes in reader processes); ``prefetch_factor`` minibatches decoded
-    ahead per reader; ``timeout`` bounds each wait for a minibatch and each
-    prefetcher's wait for one file; ``multiprocessing_context`` starts the
-    readers and prefetchers.
-
-    Raises:
-        ValueError: For values DataLoader refuses too.
+    decodes in reader processes); ``prefetch_factor``, when given,
+    minibatches decoded ahead per reader; ``timeout`` bounds each wait for
+    a minibatch and each prefetcher's wait for one file;
+    ``multiprocessing_context`` starts the readers and prefetchers. The
+    values are those ``dataloader_rules`` accepted.
     """
-    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
-        raise ValueError("num_workers option should be non-negative; use num_workers=0 to keep stager's "
-                         "reader.workers")
-    if timeout < 0:
-        raise ValueError("timeout option should be non-negative")
-    if prefetch_factor is not None and (not isinstance(prefetch_factor, int) or prefetch_factor < 1):
-        raise ValueError(f"prefetch_factor option should be a positive integer, not {prefetch_factor!r}")
     out = {}
     if num_workers:
-        out["reader"] = {"workers": num_workers}
+        out["reader"] = {"workers": int(num_workers)}
     if prefetch_factor is not None:
-        out.setdefault("reader", {})["ahead"] = prefetch_factor * (num_workers or 1)
+        out.setdefault("reader", {})["ahead"] = max(1, prefetch_factor) * (num_workers or 1)
     if timeout:
         out["staging"] = {"stall_timeout_s": float(timeout)}
     if multiprocessing_context is not None:
         method = (multiprocessing_context if isinstance(multiprocessing_context, str)
                   else multiprocessing_context.get_start_method())
-        if method not in multiprocessing.get_all_start_methods():
-            raise ValueError(f"multiprocessing_context option should specify a valid start method in "
-                             f"{multiprocessing.get_all_start_methods()!r}, but got {method!r}")
         out["processes"] = {"start_method": method}
     return out

@@ -43,9 +43,10 @@ from stager.formats.shards import ShardLayout
 from stager.formats import SampleDecoder
 from stager.sources import check_relpath, parallel, reading
 
-from ._torchvision_import import torchvision
+from ._torchvision_import import import_torchvision
 
 # torchvision is the ``vision`` extra: without it, no DatasetFolder can be given.
+torchvision = import_torchvision()
 DatasetFolder = torchvision.datasets.DatasetFolder if torchvision is not None else None
 
 FOLDER, PROTOCOL = "folder", "protocol"

@@ -141,6 +141,12 @@ class StagingIterator(_chainer.dataset.Iterator):
             if failures:
                 raise failures[0]
             raise RuntimeError("stager's pipeline ended before the epoch did")
+        if self._orders.sampler is not None and batch.end // self._orders.length > self.epoch:
+            try:
+                self._orders.drawn(batch.end // self._orders.length)
+            except Exception:
+                self._close_feed()  # as Chainer, the position stays and the next call asks the sampler again
+                raise
         self._previous_epoch_detail = self.epoch_detail
         before = self.epoch
         self._position = batch.end

@@ -25,7 +25,7 @@ import warnings
 import weakref
 
 import torch
-from torch.utils.data import IterableDataset, default_collate, default_convert, get_worker_info
+from torch.utils.data import IterableDataset, get_worker_info
 
 from stager import Catalog, Pipeline, load_config
 from stager import plan as planlib
@@ -33,7 +33,7 @@ from stager.config import Config, config_from_dict
 from stager.world import agree, detect
 
 from ._source import resolve
-from ._torch_args import draw_seed, loader_plan, process_settings
+from ._torch_args import dataloader_rules, draw_seed, loader_plan, process_settings
 from ._torch_datasets import TorchFiles
 from ._torch_shards import ShardDataset
 
@@ -86,9 +86,10 @@ class StagedLoader(IterableDataset):
         multiprocessing_context: Start method of readers and prefetchers.
         generator: Its ``initial_seed()`` seeds the order; default: torch's
             default generator's (``torch.manual_seed``), rank 0's on all.
-        prefetch_factor: Minibatches decoded ahead per reader.
-        persistent_workers: Accepted: stager's readers always live across
-            epochs.
+        prefetch_factor: Minibatches decoded ahead per reader (given, it
+            overrides ``reader.ahead``; as DataLoader, only with workers).
+        persistent_workers: Accepted where DataLoader accepts it: stager's
+            readers always live across epochs.
         pin_memory_device: Where to pin (DataLoader's deprecated argument).
         in_order: Accepted: minibatches always come in plan order.
 
@@ -105,14 +106,26 @@ class StagedLoader(IterableDataset):
                  multiprocessing_context=None, generator=None, *, prefetch_factor=None, persistent_workers=False,
                  pin_memory_device="", in_order=True, config=None, world=None, catalog=None):
         super().__init__()
-        self.batch_size, self.drop_last, self.sampler = batch_size, drop_last, sampler
+        if isinstance(dataset, (Config, dict, Catalog)) and callable(batch_size):
+            raise TypeError("StagedLoader's second argument is batch_size, as DataLoader's; pass the collate "
+                            "function as collate_fn=")
+        # DataLoader's own rules first: what it refuses is refused with its error, and its defaults are ours.
+        rules = dataloader_rules(
+            [None] if isinstance(dataset, (Config, dict, Catalog)) else dataset,
+            batch_size=batch_size, shuffle=shuffle, sampler=sampler, batch_sampler=batch_sampler,
+            num_workers=num_workers, collate_fn=collate_fn, pin_memory=pin_memory, drop_last=drop_last,
+            timeout=timeout, worker_init_fn=worker_init_fn, multiprocessing_context=multiprocessing_context,
+            generator=generator, prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
+            pin_memory_device=pin_memory_device, in_order=in_order)
+        self.batch_size, self.drop_last, self.sampler = rules.batch_size, rules.drop_last, sampler
         self.num_workers, self.timeout, self.worker_init_fn = num_workers, timeout, worker_init_fn
-        self.prefetch_factor, self.persistent_workers, self.generator = prefetch_factor, persistent_workers, generator
-        self.multiprocessing_context, self.pin_memory_device, self.in_order = (multiprocessing_context,
+        self.prefetch_factor, self.persistent_workers, self.generator = (rules.prefetch_factor, persistent_workers,
+                                                                         generator)
+        self.multiprocessing_context, self.pin_memory_device, self.in_order = (rules.multiprocessing_context,
                                                                                pin_memory_device, in_order)
-        self.collate_fn = collate_fn or (default_collate if batch_size is not None else default_convert)
+        self.collate_fn = rules.collate_fn
         self.pin_memory = pin_memory and self._can_pin()
-        processes = process_settings(num_workers, prefetch_factor, timeout, multiprocessing_context)
+        processes = process_settings(num_workers, prefetch_factor, timeout, rules.multiprocessing_context)
         self._sampler, self._decoder, self._seed_given = None, None, False
         if isinstance(dataset, (Config, dict, Catalog)):
             self.dataset = None
@@ -133,9 +146,6 @@ class StagedLoader(IterableDataset):
         if config is not None:
             raise TypeError("config= gives the staging settings of a PyTorch dataset; here the dataset argument is "
                             "itself a stager config")
-        if callable(self.batch_size):
-            raise TypeError("StagedLoader's second argument is batch_size, as DataLoader's; pass the collate "
-                            "function as collate_fn=")
         if sampler is not None or batch_sampler is not None:
             raise TypeError("a stager config describes its own order (plan section): give no sampler")
         plan = {"epochs": 0}  # the training loop decides how many epochs to read

@@ -7,7 +7,8 @@
 # Set-up is idempotent: system packages (as root, only those missing), a
 # virtual environment in .venv/ at the repository root, and stager installed
 # in it (editable) with the mpich wheel, Chainer, torchvision, matplotlib (for
-# `stager bench`) and the test tools.
+# `stager bench`), Lightning and Accelerate (the stacks the PyTorch front end
+# is tested under) and the test tools.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -49,7 +50,21 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_CONSTRAINT="$PWD/constraints.txt"
 export PIP_BUILD_CONSTRAINT="$PWD/constraints.txt" SETUPTOOLS_USE_DISTUTILS=stdlib
 .venv/bin/python -m pip install -q --upgrade pip "setuptools>=77.0.3,<81" wheel
 echo "bootstrap: installing stager and its dependencies into .venv"
-.venv/bin/python -m pip install -q -e ".[mpich,test,chainer,vision,bench,s3]"
+.venv/bin/python -m pip install -q -e ".[mpich,test,chainer,vision,bench,s3,stacks]"
+# torchvision's PyPI wheel is built for the CUDA torch: beside the CPU-only
+# torch its operators cannot load and a plain `import torchvision` (also the
+# one inside lightning and torchmetrics) fails. Only there, a .pth file makes
+# every interpreter of this venv define the two operator schemas that
+# torchvision's import needs, just before its first import
+# (iterators/_torchvision_import.py). Where torchvision imports, nothing is written.
+site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+rm -f "$site/stager-torchvision.pth"
+if ! .venv/bin/python -c 'import torchvision' >/dev/null 2>&1; then
+  echo "bootstrap: torchvision cannot load its operators beside this torch; adding $site/stager-torchvision.pth"
+  echo 'import sys; exec("try:\n import iterators._torchvision_import as m; m.install()\nexcept ImportError: pass")' \
+    > "$site/stager-torchvision.pth"
+  .venv/bin/python -c 'import torchvision'
+fi
 echo "bootstrap: building the slow file system emulator's C engine"
 .venv/bin/stager slowfs build
 

@@ -70,11 +70,13 @@ class Shrinking:
         return np.random.RandomState(self.calls).permutation(100 if self.calls == 1 else 90)
 
 
-def test_an_order_of_another_length_is_chainers_error_at_the_same_call(cfg, examples):
-    theirs = chainer.iterators.SerialIterator(examples, 16, order_sampler=Shrinking())
+@pytest.mark.parametrize("batch_size,before_error", [(16, 6), (20, 4), (25, 3)])
+def test_an_order_of_another_length_is_chainers_error_at_the_same_call(cfg, examples, batch_size, before_error):
+    # 16 crosses the end of the first epoch; 20 and 25 reach it exactly, and Chainer draws the next order there.
+    theirs = chainer.iterators.SerialIterator(examples, batch_size, order_sampler=Shrinking())
     expected_count, expected = batches_until_error(theirs)
-    assert isinstance(expected, ValueError) and expected_count == 6
-    with StagingIterator(cfg, 16, order_sampler=Shrinking()) as ours:
+    assert isinstance(expected, ValueError) and expected_count == before_error
+    with StagingIterator(cfg, batch_size, order_sampler=Shrinking()) as ours:
         count, error = within(60, lambda: batches_until_error(ours))
         assert count == expected_count and type(error) is ValueError
         assert str(expected) in str(error)

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from torch.utils.data import (BatchSampler, ConcatDataset, DataLoader, Dataset, DistributedSampler, IterableDataset,
-                              RandomSampler, SequentialSampler, Subset, TensorDataset, WeightedRandomSampler)
+from torch.utils.data import (ConcatDataset, DataLoader, Dataset, DistributedSampler, IterableDataset, Subset,
+                              TensorDataset)
 
 from iterators.pytorch import StagedLoader  # first: it makes torchvision importable beside a CPU-only torch
 from stager import plan
@@ -236,24 +236,6 @@ def test_datasets_without_files_are_refused_pointing_to_dataloader(dataset, matc
     with pytest.raises(TypeError, match=match) as caught:
         StagedLoader(dataset, batch_size=2)
     assert "use torch.utils.data.DataLoader" in str(caught.value)
-
-
-def test_arguments_stager_cannot_honour_are_refused_saying_why(jpegs, staging):
-    ds = ImageFolder(jpegs)
-    cases = [
-        (dict(batch_sampler=BatchSampler(SequentialSampler(ds), 2, False)), TypeError, "cannot take a batch_sampler"),
-        (dict(sampler=WeightedRandomSampler([1.0] * len(ds), len(ds))), TypeError, "WeightedRandomSampler draws"),
-        (dict(sampler=RandomSampler(ds, replacement=True)), TypeError, "RandomSampler draws"),
-        (dict(sampler=SequentialSampler(ds), shuffle=True), ValueError, "mutually exclusive with shuffle"),
-        (dict(sampler=DistributedSampler(ds, num_replicas=2, rank=1)), ValueError, "rank 1 of 2, but this process"),
-        (dict(num_workers=-1), ValueError, "num_workers option should be non-negative"),
-        (dict(timeout=-2), ValueError, "timeout option should be non-negative"),
-        (dict(batch_size=0), ValueError, "batch_size should be a positive integer"),
-        (dict(multiprocessing_context="threads"), ValueError, "valid start method"),
-    ]
-    for kwargs, kind, match in cases:
-        with pytest.raises(kind, match=match):
-            StagedLoader(ds, config=staging, **kwargs)
 
 
 def test_accepted_arguments_mean_what_the_readme_says(jpegs, staging):
