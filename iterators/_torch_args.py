@@ -7,7 +7,11 @@ processes (``num_workers``, ``prefetch_factor``, ``timeout``,
 ``multiprocessing_context``). The order is ``DistributedSampler``'s: each
 epoch ``torch.randperm`` seeded with seed + epoch (``shuffle_algorithm:
 torch``), rank r reading every world-size-th sample from r (``split:
-strided``), padded or cut to the ranks as its ``drop_last`` says.
+strided``), padded or cut to the ranks as its ``drop_last`` says. One
+process shuffling from a fresh generator seeded with ``s`` (``generator=``,
+or a ``RandomSampler``'s) reads DataLoader's own order of that generator
+instead (``torch_loader``, ``torch_loader_persistent``, ``torch_sampler``:
+``stager/plan/shuffles/torch_generator.py``).
 
 Before either, ``dataloader_rules`` builds a ``DataLoader`` from the same
 arguments, so that what DataLoader refuses is refused with DataLoader's own
@@ -64,12 +68,26 @@ def dataloader_rules(dataset, **arguments):
     return DataLoader(dataset, **arguments)
 
 
-def loader_plan(length, batch_size, shuffle, sampler, batch_sampler, drop_last, generator, world):
+def _fresh(generator):
+    """True for a generator nothing has drawn from since it was seeded (its sequence follows from the seed)."""
+    return (generator.device.type == "cpu" and
+            torch.equal(generator.get_state(), torch.Generator().manual_seed(generator.initial_seed()).get_state()))
+
+
+def _own_generator_order(plan, generator, persistent, world):
+    """Where one process shuffles from a fresh seeded generator, PyTorch's exact order of it (else ``torch``'s)."""
+    if world.size == 1 and generator is not None and _fresh(generator):
+        plan.update(shuffle_algorithm=persistent, seed=int(generator.initial_seed()))
+
+
+def loader_plan(length, batch_size, shuffle, sampler, batch_sampler, drop_last, generator, world, persistent=False):
     """The plan section for DataLoader's order arguments, and where its seed comes from.
 
     Args:
         length: Samples in the dataset.
         world: stager's ``World``, to check a ``DistributedSampler`` against.
+        persistent: The loader keeps its workers across epochs (DataLoader
+            then draws from its generator at the first epoch only).
 
     Returns:
         An ``Order``.
@@ -87,6 +105,8 @@ def loader_plan(length, batch_size, shuffle, sampler, batch_sampler, drop_last, 
             "shuffle_algorithm": "torch", "split": "strided", "remainder": "pad"}
     if sampler is None:
         plan["shuffle"] = bool(shuffle)
+        if shuffle:
+            _own_generator_order(plan, generator, "torch_loader_persistent" if persistent else "torch_loader", world)
         return Order(plan, "torch" if generator is None else "generator")
     if isinstance(sampler, DistributedSampler):
         _check_distributed(sampler, world, length)
@@ -98,6 +118,8 @@ def loader_plan(length, batch_size, shuffle, sampler, batch_sampler, drop_last, 
         return Order(plan, "torch")
     if type(sampler) is RandomSampler and not sampler.replacement and sampler.num_samples == length:
         plan["shuffle"] = True
+        if generator is None or generator is not sampler.generator:
+            _own_generator_order(plan, sampler.generator, "torch_sampler", world)
         return Order(plan, "torch" if sampler.generator is None else "sampler_generator")
     raise TypeError(f"StagedLoader computes each epoch's order ahead of time from a seed, so it takes no sampler "
                     f"but SequentialSampler, RandomSampler (without replacement, over the whole dataset) and "

@@ -165,7 +165,7 @@ class StagedLoader(IterableDataset):
         base = _base_config(config)
         world = world if world is not None else detect(base.world.mpi, base.world.backend)
         order = loader_plan(len(files), self.batch_size, shuffle, self.sampler, batch_sampler, self.drop_last,
-                            self.generator, world)
+                            self.generator, world, persistent=bool(self.persistent_workers and self.num_workers))
         self._sampler = order.sampler
         plan = dict(order.plan)
         window = files.shard_window()
@@ -206,9 +206,17 @@ class StagedLoader(IterableDataset):
             self._epoch, self._position = epoch, 0
 
     def __len__(self):
-        """Minibatches this rank delivers in the current epoch from the current position."""
+        """Minibatches of a whole epoch on this rank, as ``len(DataLoader)``: a resumed epoch yields fewer.
+
+        Lightning and Accelerate's checkpoint examples count an epoch's
+        steps with it, before and after a resume alike.
+        """
+        return self._left(0)
+
+    def _left(self, position):
+        """Minibatches this rank delivers in the current epoch from ``position``."""
         p = self.config.plan
-        length = planlib.fitted_length(len(self.catalog), self.world.size, p.remainder, self._position)
+        length = planlib.fitted_length(len(self.catalog), self.world.size, p.remainder, position)
         return planlib.step_count(length, p.batch_size, p.drop_last, self.world.size)
 
     def __iter__(self):
@@ -217,7 +225,7 @@ class StagedLoader(IterableDataset):
                                "DataLoader(loader, batch_size=None, num_workers=0), or iterate it directly")
         if self._sampler is not None:
             self.set_epoch(self._sampler.epoch)
-        if self._position and len(self) == 0:  # resumed exactly at the end of an epoch
+        if self._position and self._left(self._position) == 0:  # resumed exactly at the end of an epoch
             self._epoch, self._position = self._epoch + 1, 0
         pipe = self._pipeline()
         epoch = self._epoch

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from torch.utils.data import (ConcatDataset, DataLoader, Dataset, DistributedSampler, IterableDataset, Subset,
-                              TensorDataset)
+from torch.utils.data import (ConcatDataset, DataLoader, Dataset, DistributedSampler, IterableDataset, RandomSampler,
+                              Subset, TensorDataset)
 
 from iterators.pytorch import StagedLoader  # first: it makes torchvision importable beside a CPU-only torch
 from stager import plan
@@ -331,3 +331,44 @@ def test_torchrun_ranks_read_their_distributed_sampler_shares_and_the_node_reads
     assert dict(counts) == {f: 1 for f in files}, "each file is read from the source once for the node"
     assert ranks[0]["files_staged"] == 33
     assert os.listdir(tmp_path / "local") == []
+
+
+class Indices(Files):
+    """Each sample is its index (the file is still staged and read): orders compare without decoding images."""
+
+    def stager_load(self, path, index):
+        with open(path, "rb") as fh:
+            fh.read()
+        return index
+
+    def __getitem__(self, index):
+        return index
+
+
+@pytest.mark.parametrize("arguments", [
+    dict(shuffle=True, generator="g"),
+    dict(shuffle=True, generator="g", num_workers=2, persistent_workers=True, drop_last=True),
+    dict(shuffle=True, generator="g", num_workers=2),
+    dict(sampler="random sampler"),
+    dict(sampler="random sampler", num_workers=1, persistent_workers=True),
+], ids=["loader generator", "persistent workers", "workers", "sampler generator", "sampler, persistent"])
+def test_one_process_with_a_seeded_generator_reads_dataloaders_own_order_epoch_by_epoch(jpegs, staging, arguments):
+    paths = sorted(os.path.join(dp, f) for dp, _, fs in os.walk(jpegs) for f in fs)
+    ds = Indices(paths)
+
+    def make(cls, **extra):
+        given = dict(arguments)
+        if given.get("generator") == "g":
+            given["generator"] = torch.Generator().manual_seed(11)
+        if given.get("sampler") == "random sampler":
+            given["sampler"] = RandomSampler(ds, generator=torch.Generator().manual_seed(11))
+        return cls(ds, batch_size=4, **given, **extra)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the worker-count advice on 2 cores
+        theirs = make(DataLoader)
+        want = [[b.tolist() for b in theirs] for _ in range(3)]
+        with make(StagedLoader, config=staging) as ours:
+            got = [[b.tolist() for b in ours] for _ in range(3)]
+    assert got == want
+    assert len({tuple(i for b in epoch for i in b) for epoch in got}) == 3

@@ -11,6 +11,9 @@ and a flag ``MATERIALISES``: whether those functions hold the whole epoch
 (cost linear in ``n``) or evaluate each position on its own (cost linear in
 the positions asked for). ``identity`` is the unshuffled order; ``torch``
 is ``DistributedSampler``'s (``torch.randperm`` seeded with seed + epoch);
+``torch_sampler``, ``torch_loader`` and ``torch_loader_persistent`` are
+``RandomSampler``'s and ``DataLoader(shuffle=True)``'s over a generator
+seeded once (objects with the same two functions, ``torch_generator.py``);
 ``shards`` shuffles containers, then samples within a window of them: it
 needs the catalog's containers, so a plan carries it bound to them
 (``ShardShuffle``), an object with the same two functions, in place of the name.
@@ -18,10 +21,12 @@ needs the catalog's containers, so a plan carries it bound to them
 
 import numpy as np
 
-from . import feistel, identity, pcg64, shards, torch_randperm
+from . import feistel, identity, pcg64, shards, torch_generator, torch_randperm
 from .shards import ShardShuffle
 
-SHUFFLES = {"pcg64": pcg64, "feistel": feistel, "identity": identity, "torch": torch_randperm, "shards": shards}
+SHUFFLES = {"pcg64": pcg64, "feistel": feistel, "identity": identity, "torch": torch_randperm,
+            "torch_sampler": torch_generator.SAMPLER, "torch_loader": torch_generator.LOADER,
+            "torch_loader_persistent": torch_generator.PERSISTENT, "shards": shards}
 DEFAULT = "pcg64"
 
 
