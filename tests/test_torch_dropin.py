@@ -93,9 +93,8 @@ def test_each_shuffled_epoch_holds_the_datasets_samples_once(jpegs, staging):
 
 def test_the_order_is_distributed_samplers_for_the_seed(jpegs, staging):
     ds = ImageFolder(jpegs, transform=FIXED)
-    g = torch.Generator()
-    g.manual_seed(1234)
-    with StagedLoader(ds, batch_size=4, shuffle=True, generator=g, config=staging) as loader:
+    torch.manual_seed(1234)  # no generator of its own: the seed is torch's, the order DistributedSampler's
+    with StagedLoader(ds, batch_size=4, shuffle=True, config=staging) as loader:
         loader.set_epoch(3)
         got = batches(loader)
     sampler = DistributedSampler(ds, num_replicas=1, rank=0, shuffle=True, seed=1234)
