@@ -31,12 +31,13 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler
 
-from iterators.pytorch import StagedLoader  # first: it makes torchvision importable beside a CPU-only torch
-import torchvision  # noqa: E402  (isort: after iterators.pytorch)
-from torchvision import transforms as T  # noqa: E402
-from stager import config_from_dict, load_config  # noqa: E402
-from stager.config import parse_overrides  # noqa: E402
-from stager.world import detect, install_abort_hook  # noqa: E402
+import torchvision
+from torchvision import transforms as T
+
+from iterators.pytorch import StagedLoader
+from stager import config_from_dict, load_config
+from stager.config import parse_overrides
+from stager.world import detect, install_abort_hook
 
 
 def init_distributed():

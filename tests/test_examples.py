@@ -58,3 +58,20 @@ def test_chainer_example_trains_with_a_trainer(tmp_path):
     assert lines[0].split()[:3] == ["epoch", "iteration", "main/loss"]
     assert lines[-1].split()[:2] == ["2", "12"]  # 96 samples / 16 per batch x 2 epochs
     assert os.listdir(tmp_path / "local") == []
+
+
+@pytest.mark.parametrize("launch", ["ddp", "mpiexec"])
+def test_lightning_example_trains_with_its_datamodule(tmp_path, launch):
+    pytest.importorskip("lightning", reason="Lightning is not installed (extra 'stacks')")
+    if launch == "mpiexec" and not os.path.exists(MPIEXEC):
+        pytest.skip("no mpiexec (install .[mpich])")
+    (tmp_path / "local").mkdir()
+    script = [sys.executable, os.path.join(REPO, "examples", "train_lightning.py"), jpeg_folder(tmp_path),
+              "--epochs", "2", "--batch-size", "8", "--image-size", "32", "--devices", "2"]
+    cmd = [MPIEXEC, "-n", "2", *script] if launch == "mpiexec" else script
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                          env=dict(os.environ, STAGER_LOCAL_DIR=str(tmp_path / "local")))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    # 96 samples, 2 ranks, 8 a batch, drop_last: 6 steps an epoch on each rank.
+    assert "trained 2 epoch(s) of 6 steps on 2 process(es) (stager)" in proc.stdout
+    assert os.listdir(tmp_path / "local") == []
