@@ -15,8 +15,8 @@ file). Under several ranks (torchrun, mpiexec, srun) each rank reads what
 ``set_epoch``, ``state_dict`` and ``load_state_dict`` give exact mid-epoch
 resume, also on another number of ranks. The older form,
 ``StagedLoader(config)`` with a stager ``Config`` describing the dataset,
-keeps working. What each argument does here is in the README's "PyTorch"
-section and ``_torch_args``; which datasets are accepted, in
+keeps working. What each argument does here is in docs/pytorch.md and
+``_torch_args``; which datasets are accepted, in
 ``_torch_datasets``.
 """
 

@@ -8,7 +8,7 @@
 # virtual environment in .venv/ at the repository root, and stager installed
 # in it (editable) with the mpich wheel, Chainer, torchvision, matplotlib (for
 # `stager bench`), Lightning and Accelerate (the stacks the PyTorch front end
-# is tested under) and the test tools.
+# is tested under), MkDocs (the documentation site) and the test tools.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -50,7 +50,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_CONSTRAINT="$PWD/constraints.txt"
 export PIP_BUILD_CONSTRAINT="$PWD/constraints.txt" SETUPTOOLS_USE_DISTUTILS=stdlib
 .venv/bin/python -m pip install -q --upgrade pip "setuptools>=77.0.3,<81" wheel
 echo "bootstrap: installing stager and its dependencies into .venv"
-.venv/bin/python -m pip install -q -e ".[mpich,test,chainer,vision,bench,s3,stacks]"
+.venv/bin/python -m pip install -q -e ".[mpich,test,chainer,vision,bench,s3,stacks,docs]"
 # torchvision's PyPI wheel is built for the CUDA torch: beside the CPU-only
 # torch its operators cannot load and a plain `import torchvision` (also the
 # one inside lightning and torchmetrics) fails. Only there, a .pth file makes

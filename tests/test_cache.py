@@ -67,7 +67,7 @@ def test_policies_are_chosen_by_name_and_unknown_ones_are_refused():
     assert {make_policy(name).name for name in POLICIES} == set(POLICIES)
     with pytest.raises(ConfigError, match="unknown policy 'belady'"):
         make_policy("belady")
-    with pytest.raises(ConfigError, match="staging.cache_policy must be auto or one of"):
+    with pytest.raises(ConfigError, match=r"staging.cache_policy must be one of \[.auto., "):
         make_config("/data", "/local", staging={"cache_policy": "belady"})
 
 

@@ -3,7 +3,7 @@
 A killed main process (no unwinding): its orphaned workers exit by
 themselves, quietly, and the janitor and the emulator clean up after it. A
 killed prefetcher ends the job with a clear error; it is not restarted
-(README, "Reliability: stalls and shutdown", says why).
+(docs/reliability.md, "Stalls and shutdown", says why).
 """
 
 import os

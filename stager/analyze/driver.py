@@ -87,8 +87,7 @@ def analyze(cfg, options):
         options: ``AnalyzeOptions``.
 
     Returns:
-        The result dictionary written by ``--json`` (see README, "Is my
-        training waiting for data?").
+        The result dictionary written by ``--json`` (see docs/analyze.md).
 
     Raises:
         ConfigError: For a step that cannot be loaded (checked before any

@@ -11,6 +11,7 @@ import yaml
 from .insight import add_insight_parsers, comma_numbers
 from .datasets import add_dataset_parsers
 from .simulate import add_simulate_parser
+from .. import __version__
 from ..config import load_config
 from ..errors import StagerError
 from ..slowfs import ENGINES
@@ -171,6 +172,7 @@ def build_parser():
         prog="stager",
         description="Stage training samples from a slow shared file system to node-local storage, "
                     "minibatch by minibatch, overlapped with training.")
+    parser.add_argument("--version", action="version", version=f"stager {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("run", help="run the pipeline over a config's dataset as a training loop would",

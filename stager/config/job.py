@@ -7,7 +7,7 @@ so that one file describes a whole job.
 from dataclasses import dataclass, field
 from typing import List, Optional
 
-from .library import path_field, require
+from .library import check_choices, choice_field, path_field, require
 
 
 @dataclass(frozen=True)
@@ -15,7 +15,9 @@ class SyntheticConfig:
     """A synthetic dataset, written at ``dataset.source`` by ``stager make-dataset --config`` (never by ``run``).
 
     Attributes:
-        samples: Number of samples; 0 disables generation.
+        samples: Number of samples of the synthetic dataset that
+            ``stager make-dataset --config`` writes at ``dataset.source``
+            (never ``stager run``, which only reads it); 0 disables it.
         bytes: Approximate size of each ``.npy`` sample.
         classes: Number of distinct labels.
         seed: Seed of the random content.
@@ -51,11 +53,11 @@ class SlowfsConfig:
     enabled: bool = False
     open_ms: float = 10.0
     mbps: float = 0.0
-    engine: str = "auto"
+    engine: str = choice_field("auto", ("auto", "c", "python"))
 
     def __post_init__(self):
+        check_choices(self, "slowfs")
         require(self.open_ms >= 0 and self.mbps >= 0, "slowfs.open_ms and slowfs.mbps must be 0 or more")
-        require(self.engine in ("auto", "c", "python"), f"slowfs.engine must be auto, c or python, not {self.engine!r}")
 
 
 

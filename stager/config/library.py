@@ -7,7 +7,7 @@ dictionary, ``Config.replace``).
 
 import multiprocessing
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import List, Optional, Union
 
 from ..errors import ConfigError
@@ -16,6 +16,60 @@ from ..errors import ConfigError
 def path_field(default=None):
     """A path-valued key: relative paths in a YAML file are resolved against the file's directory."""
     return field(default=default, metadata={"path": True})
+
+
+def choice_field(default, choices):
+    """A key whose value is one of ``choices``: a tuple, or a function returning a registry's names.
+
+    ``check_choices`` refuses any other value; the configuration reference
+    lists them.
+    """
+    return field(default=default, metadata={"choices": choices})
+
+
+def choices_of(f):
+    """The allowed values of dataclass field ``f`` (a list), or None when any value of its type is."""
+    choices = f.metadata.get("choices")
+    if choices is None:
+        return None
+    return list(choices() if callable(choices) else choices)
+
+
+def check_choices(section, name):
+    """Refuses a value outside its key's choices, naming the key (``name.key``) and the valid values."""
+    for f in fields(section):
+        allowed = choices_of(f)
+        value = getattr(section, f.name)
+        if allowed is None or value in allowed:
+            continue
+        if callable(f.metadata["choices"]):  # a registry: its names, sorted
+            raise ConfigError(f"{name}.{f.name} must be one of {allowed}, not {value!r}")
+        listed = ", ".join(repr(c) for c in allowed[:-1]) + f" or {allowed[-1]!r}"
+        raise ConfigError(f"{name}.{f.name} must be {listed}, not {value!r}")
+
+
+def _shuffles():
+    from ..plan.shuffles import SHUFFLES  # the registries live with the plan
+
+    return sorted(SHUFFLES)
+
+
+def _splits():
+    from ..plan.splits import SPLITS
+
+    return sorted(SPLITS)
+
+
+def _policies():
+    from ..cache import POLICIES  # the registry lives with the cache
+
+    return ["auto", *sorted(POLICIES)]
+
+
+def _verify_modes():
+    from ..sources.verify import MODES  # the modes live with the check
+
+    return list(MODES)
 
 
 def check_count(value, key):
@@ -37,8 +91,12 @@ class DatasetConfig:
     Attributes:
         source: Dataset root on the shared file system (read only), or an
             object store prefix ``s3://bucket/prefix``.
-        manifest: Manifest file (relative path per line, optional label after
-            a tab). Relative to ``source`` unless absolute. None: scan the tree.
+        manifest: Manifest file (relative path per line, optional integer
+            label after a tab). Relative to ``source`` unless absolute. None:
+            scan the tree once (samples in first-level subdirectories are
+            labelled by those directories' sorted index). Absolute paths,
+            ``..`` and symbolic links leaving the root are refused with the
+            line number.
         format: ``files`` (one sample per file), ``tar`` (WebDataset's
             shards: a sample is the members sharing a key) or ``hdf5``
             (containers whose datasets ``keys`` hold one sample per row);
@@ -47,8 +105,10 @@ class DatasetConfig:
         keys: For ``hdf5`` containers, the datasets whose first axis indexes samples.
         parts: For ``tar`` shards, the parts (``jpg``, ``cls``, ...) each
             sample keeps; empty: every sample has the first sample's parts.
-        loader: ``raw``, ``npy``, ``hdf5`` or ``module:function`` taking a
-            path; for containers, how parts are decoded (``npy`` and
+        loader: ``raw`` (bytes), ``npy``, ``hdf5`` (one ``.h5`` file per
+            sample), ``image`` (JPEG or PNG, as RGB; JPEG through
+            libjpeg-turbo's ``simplejpeg``, PIL for the rest and as the
+            fallback) or ``module:function`` taking a path; for containers, how parts are decoded (``npy`` and
             ``image`` decode the parts of their kind, ``raw`` none; a
             ``module:function`` takes the sample's dict).
         hdf5_key: Dataset name inside each ``.h5`` file for the hdf5 loader.
@@ -70,20 +130,22 @@ class DatasetConfig:
             in threads, to cover the source's latency per file without more
             processes: the threads wait, the process's CPU is shared. None:
             16 for object stores (one connection pool), 1 for file trees.
-        retries: For object stores, how many times a throttled (503 SlowDown)
-            or timed out request is retried, with exponential backoff.
+        retries: For object stores, how many times a throttled (503
+            SlowDown, 5xx) or timed out request is retried, with exponential
+            backoff (0.1 s doubling to 2 s, jittered), before the run stops
+            with an error naming the object.
         request_timeout_s: For object stores, connect and read timeout of one
             request.
     """
 
     source: str = path_field("")
     manifest: Optional[str] = None
-    format: str = "auto"
+    format: str = choice_field("auto", ("auto", "files", "tar", "hdf5"))
     keys: List[str] = field(default_factory=list)
     parts: List[str] = field(default_factory=list)
     loader: str = "npy"
     hdf5_key: str = "data"
-    layout: str = "hwc"
+    layout: str = choice_field("hwc", ("hwc", "chw"))
     extensions: List[str] = field(default_factory=list)
     catalog: Optional[str] = path_field(None)
     broadcast_max: int = 1_000_000
@@ -95,9 +157,8 @@ class DatasetConfig:
     def __post_init__(self):
         from ..formats import check_loader_name  # the registry lives with the loaders
 
+        check_choices(self, "dataset")
         check_loader_name(self.loader)
-        require(self.format in ("auto", "files", "tar", "hdf5"),
-                f"dataset.format must be auto, files, tar or hdf5, not {self.format!r}")
         require(not self.keys or self.format in ("auto", "hdf5"),
                 f"dataset.keys names HDF5 datasets; dataset.format is {self.format!r}")
         require(not self.catalog or (self.format in ("auto", "files") and not self.keys),
@@ -111,7 +172,6 @@ class DatasetConfig:
                 "dataset.requests_in_flight must be at least 1 (or null: the source's default)")
         require(self.retries >= 0, "dataset.retries must be 0 or more")
         require(self.request_timeout_s > 0, "dataset.request_timeout_s must be positive")
-        require(self.layout in ("hwc", "chw"), f"dataset.layout must be 'hwc' or 'chw', not {self.layout!r}")
 
 
 
@@ -135,13 +195,18 @@ class PlanConfig:
             own, in time and memory proportional to the rank's share (for
             datasets of tens of millions of samples and more); ``torch``
             is ``DistributedSampler``'s (``torch.randperm`` seeded with
-            seed + epoch); ``shards`` (for ``dataset.format`` tar or hdf5)
+            seed + epoch); ``torch_sampler``, ``torch_loader`` and
+            ``torch_loader_persistent`` are ``RandomSampler``'s and
+            ``DataLoader(shuffle=True)``'s (with persistent workers) over a
+            generator seeded once, as ``StagedLoader`` chooses for one
+            process with a seeded generator; ``shards`` (for ``dataset.format`` tar or hdf5)
             permutes the containers, then the samples within each window of
             ``shard_window`` containers, so the node stages a window's
             containers at a time instead of every one.
-        shard_window: Containers whose samples the ``shards`` shuffle mixes
-            together: more mixes better and needs more local space (see
-            ``docs/shards.md``).
+        shard_window: With ``shuffle_algorithm: shards``, each epoch permutes
+            the containers, then the samples of each window of this many
+            containers among themselves: a wider window mixes better and
+            needs more local space (about twice the window's containers).
         split: How each global minibatch is shared among the ranks
             (``plan.splits``): ``contiguous`` gives rank r the r-th run of
             ``batch_size`` samples; ``strided`` every size-th sample from
@@ -154,22 +219,16 @@ class PlanConfig:
     seed: int = 0
     shuffle: bool = True
     drop_last: bool = False
-    remainder: str = "pad"
-    shuffle_algorithm: str = "pcg64"
+    remainder: str = choice_field("pad", ("pad", "drop"))
+    shuffle_algorithm: str = choice_field("pcg64", _shuffles)
     shard_window: int = 8
-    split: str = "contiguous"
+    split: str = choice_field("contiguous", _splits)
 
     def __post_init__(self):
-        from ..plan.shuffles import SHUFFLES  # the registries live with the plan
-        from ..plan.splits import SPLITS
-
-        require(self.shuffle_algorithm in SHUFFLES, f"plan.shuffle_algorithm must be one of {sorted(SHUFFLES)}, "
-                                                    f"not {self.shuffle_algorithm!r}")
+        check_choices(self, "plan")
         require(self.batch_size >= 1, "plan.batch_size must be at least 1")
         require(self.shard_window >= 1, "plan.shard_window must be at least 1")
         require(self.epochs >= 0, "plan.epochs must be 0 (repeat) or more")
-        require(self.remainder in ("pad", "drop"), "plan.remainder must be 'pad' or 'drop'")
-        require(self.split in SPLITS, f"plan.split must be one of {sorted(SPLITS)}, not {self.split!r}")
 
 
 
@@ -179,8 +238,9 @@ class StagingConfig:
 
     Attributes:
         enabled: False reads the source directly (the baseline).
-        local_dir: Node-local base directory. None: ``$SLURM_TMPDIR``, then
-            ``$TMPDIR``, then ``/tmp``.
+        local_dir: Node-local base directory. None: ``$STAGER_LOCAL_DIR``
+            (the sbatch templates set it), then ``$SLURM_TMPDIR``, then
+            ``$TMPDIR``, then ``/tmp``. Checked at start (reliability page).
         job_id: Name of this job's directory under local_dir. None:
             ``$SLURM_JOB_ID``, else a generated id.
         prefetchers: Prefetcher processes of the node, or ``auto``: chosen
@@ -195,17 +255,20 @@ class StagingConfig:
         capacity: Bytes the node's job directory may hold, all its ranks
             together: ``auto`` (80% of the local file system's free space
             at start, shared by the stager jobs running there; unbounded
-            when the whole dataset fits), a number, ``500M``/``200G``
+            when the whole dataset fits; the look-ahead cut when its window
+            does not; said in the run's first line), a number of bytes, ``500M``/``200G``
             (powers of 1024), ``80%`` of the free space at start, or
             ``unbounded`` (also null).
         cache_policy: Which files stay local once read, and which go when
             room is needed (``cache.policies``): ``clairvoyant``, ``lru``,
             ``fifo``, ``minio``, ``none``, ``unbounded``; ``auto`` is
             ``clairvoyant`` with a capacity, ``unbounded`` without.
-        peers: ``off``: each node reads what it misses from the source;
+        peers: ``off`` (quote it in YAML: a bare off reads as false): each
+            node reads what it misses from the source;
             ``partition``: node leaders share their caches over MPI: a file
             is read from the source by its owner (the node that reads it in
             the first epoch) and fetched from the owner's copy by the others.
+            Needs an MPI launcher.
         peer_choice: With peers, when a file is fetched from its holder:
             ``holder``, always (the shared file system sees each file once
             per job; a holder that has not staged it or answered within
@@ -221,7 +284,8 @@ class StagingConfig:
             published (``sources.verify``): ``none``, its byte count only;
             ``size``, also the source's size, mtime and ctime unchanged
             across the copy; ``xxhash``, also the copy's hash equal to a
-            second read's. A copy the source changed under is made again,
+            second read's (needs the ``xxhash`` extra). A copy the source
+            changed under is made again,
             up to 3 times, then the job fails naming the file.
         share: A group name: jobs of this user on one node that name the
             same group (separate launches, arriving and leaving at any time)
@@ -244,22 +308,20 @@ class StagingConfig:
     files_per_task: int = 0
     keep: bool = False
     capacity: Optional[str] = "auto"
-    cache_policy: str = "auto"
-    peers: str = "off"
-    peer_choice: str = "holder"
+    cache_policy: str = choice_field("auto", _policies)
+    peers: str = choice_field("off", ("off", "partition"))
+    peer_choice: str = choice_field("holder", ("holder", "measured"))
     stall_timeout_s: float = 300.0
-    verify: str = "size"
+    verify: str = choice_field("size", _verify_modes)
     share: Optional[str] = None
     share_window: int = 16
 
     def __post_init__(self):
-        from ..cache import POLICIES, parse_capacity  # the registry and the rule live with the cache
+        from ..cache import parse_capacity  # the rule lives with the cache
         from ..sources.verify import check_mode  # the modes live with the check
 
+        check_choices(self, "staging")
         check_mode(self.verify)
-
-        require(self.cache_policy == "auto" or self.cache_policy in POLICIES,
-                f"staging.cache_policy must be auto or one of {sorted(POLICIES)}, not {self.cache_policy!r}")
         bounded = parse_capacity(self.capacity)
         require(not (bounded and bounded[0] != "auto" and self.cache_policy == "unbounded"),
                 "staging.cache_policy 'unbounded' cannot keep to staging.capacity; choose clairvoyant, lru, fifo, "
@@ -267,9 +329,6 @@ class StagingConfig:
         check_count(self.prefetchers, "staging.prefetchers")
         require(self.lookahead >= 1, "staging.lookahead must be at least 1")
         require(self.files_per_task >= 0, "staging.files_per_task must be 0 (automatic) or more")
-        require(self.peers in ("off", "partition"), f"staging.peers must be 'off' or 'partition', not {self.peers!r}")
-        require(self.peer_choice in ("holder", "measured"),
-                f"staging.peer_choice must be 'holder' or 'measured', not {self.peer_choice!r}")
         require(self.stall_timeout_s >= 0, "staging.stall_timeout_s must be 0 (wait without end) or more seconds")
         require(self.share is None or (isinstance(self.share, str) and re.fullmatch(r"[A-Za-z0-9._-]{1,64}",
                                                                                      self.share) is not None),
@@ -313,14 +372,13 @@ class ProcessesConfig:
             directory.
     """
 
-    start_method: str = "fork"
+    start_method: str = choice_field("fork", multiprocessing.get_all_start_methods)
     shutdown_timeout_s: float = 5.0
     peer_wait_s: float = 300.0
 
     def __post_init__(self):
+        check_choices(self, "processes")
         require(self.shutdown_timeout_s > 0, "processes.shutdown_timeout_s must be positive")
-        methods = multiprocessing.get_all_start_methods()
-        require(self.start_method in methods, f"processes.start_method must be one of {methods}")
 
 
 
@@ -340,10 +398,8 @@ class WorldConfig:
             ``none``: launcher variables only, each rank staging for itself.
     """
 
-    mpi: str = "auto"
-    backend: str = "auto"
+    mpi: str = choice_field("auto", ("auto", "on", "off"))
+    backend: str = choice_field("auto", ("auto", "mpi", "torch", "none"))
 
     def __post_init__(self):
-        require(self.mpi in ("auto", "on", "off"), "world.mpi must be 'auto', 'on' or 'off'")
-        require(self.backend in ("auto", "mpi", "torch", "none"),
-                f"world.backend must be 'auto', 'mpi', 'torch' or 'none', not {self.backend!r}")
+        check_choices(self, "world")

@@ -24,14 +24,14 @@ def merge(base, updates):
     return out
 
 
-def _type_name(tp):
+def type_name(tp):
     origin = typing.get_origin(tp)
     if origin is typing.Union:
         inner = [a for a in typing.get_args(tp) if a is not type(None)]
-        names = " or ".join(_type_name(a) for a in inner)
+        names = " or ".join(type_name(a) for a in inner)
         return f"{names} or null" if len(inner) < len(typing.get_args(tp)) else names
     if origin in (list, List):
-        return f"list of {_type_name(typing.get_args(tp)[0])}"
+        return f"list of {type_name(typing.get_args(tp)[0])}"
     return tp.__name__
 
 
@@ -46,10 +46,10 @@ def _coerce(value, tp, key):
                 return _coerce(value, inner, key)
             except ConfigError:
                 pass
-        raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r} ({type(value).__name__})")
+        raise ConfigError(f"{key}: expected {type_name(tp)}, got {value!r} ({type(value).__name__})")
     if origin in (list, List):
         if not isinstance(value, list):
-            raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
+            raise ConfigError(f"{key}: expected {type_name(tp)}, got {value!r}")
         return [_coerce(v, typing.get_args(tp)[0], f"{key}[{i}]") for i, v in enumerate(value)]
     # bool is an int in Python; a YAML "yes" for an int key is a mistake.
     if tp is bool and isinstance(value, bool):
@@ -64,7 +64,7 @@ def _coerce(value, tp, key):
         # YAML 1.1 reads a bare on/off (world.mpi: off) as a boolean; the
         # key's own check then says whether "on"/"off" is a valid value.
         return "on" if value else "off"
-    raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r} ({type(value).__name__})")
+    raise ConfigError(f"{key}: expected {type_name(tp)}, got {value!r} ({type(value).__name__})")
 
 
 def _describe(cls):

@@ -105,7 +105,7 @@ def account(telemetry, *, rank, node, readers, prefetchers=None, loop_begin=None
             that found the end, else the last minibatch consumed.
 
     Returns:
-        A JSON-ready dictionary (described in README, "Where the time goes").
+        A JSON-ready dictionary (described in docs/analyze.md, "Where the time goes").
     """
     origin = telemetry.started
     t, kind, a, b, value = telemetry.arrays()
@@ -218,7 +218,7 @@ def job_stages(records):
 
     Returns:
         ``{"prefetch": ..., "read": ..., "consume": ...}`` (``prefetch`` only
-        when some rank led a node in a staged run); README, "Where the time
+        when some rank led a node in a staged run); docs/analyze.md, "Where the time
         goes", describes each key.
     """
     out = {}

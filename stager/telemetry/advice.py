@@ -1,6 +1,6 @@
 """The bottleneck of a run and what to change, each rule tied to measured numbers.
 
-The rules, in order (README, "Where the time goes", lists them too):
+The rules, in order (docs/analyze.md, "Where the time goes", lists them too):
 
 1. **compute**: the loop waits less than ``STALL_OK`` of its time after the
    first minibatch. The training step sets the pace; more staging would not
