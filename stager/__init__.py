@@ -1,16 +1,12 @@
 """stager: stage training samples from a slow shared file system to node-local
 storage minibatch by minibatch, overlapped with training."""
 
-from . import _moved
 from .catalog import Catalog, ShardCatalog
 from .config import Config, config_from_dict, load_config
 from .engine import Batch, Pipeline
 from .errors import CatalogError, ConfigError, StageError, StagerError
 
 __version__ = "0.2.0"
-
-# The modules that moved into rooms in 0.2 keep their old import paths until 0.3.
-_moved.install()
 
 __all__ = ["Batch", "Catalog", "CatalogError", "Config", "ConfigError", "Pipeline", "ShardCatalog", "StageError",
            "StagerError", "config_from_dict", "load_config", "__version__"]

@@ -13,7 +13,7 @@ from stager import plan
 from stager import telemetry as tm
 from stager.engine import Pipeline
 from stager.engine.messages import Decoded, ReadTask, StageTask, Staged
-from stager.engine.pipeline import _more_rings
+from stager.engine.startup import _more_rings
 from stager.engine.wire import Ring
 from stager.engine.workerpool import RETIRED, WorkerPool
 from stager.engine.workers import prefetcher_main, reader_main

@@ -15,7 +15,7 @@ from conftest import REPO
 
 SCRIPT = textwrap.dedent("""
     import multiprocessing, os, signal, sys
-    from stager.workerpool import WorkerPool
+    from stager.engine.workerpool import WorkerPool
 
     def on_term(signum, frame):
         raise SystemExit(128 + signum)

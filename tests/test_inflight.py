@@ -1,4 +1,4 @@
-"""A prefetcher's fetch threads work on several stage tasks at once (``stager.inflight``)."""
+"""A prefetcher's fetch threads work on several stage tasks at once (``stager.engine.inflight``)."""
 
 import multiprocessing
 import os

@@ -8,7 +8,8 @@ them (requests that need room are admitted in arrival order). It is answered
 carries, not a scan of every waiting request. A ``Release`` marks a request
 read; its files are unpinned when ``readpins.ReadPins`` says so, and the
 policy removes what it will not keep, which may make room for the next
-request waiting.
+request waiting. How the files to fetch become prefetcher and peer tasks
+is ``dispatch.py``'s.
 """
 
 import collections
@@ -19,8 +20,8 @@ import time
 
 import numpy as np
 
-from .deadlines import DeadlineQueue
-from .messages import Bye, Fail, Failure, Hello, Need, Ready, Release, StageTask, Staged
+from .dispatch import Dispatch
+from .messages import Bye, Fail, Failure, Hello, Need, Ready, Release, Staged
 from .readpins import ReadPins
 from .stalls import stall_failure
 from .workerpool import RETIRED
@@ -29,20 +30,6 @@ from ..cache import ABSENT, CacheFull, human
 from ..telemetry import NO_SPACE, PRESENT
 
 _NO_SPACE_TRIES = 3  # fetches of one file that may meet a full disk before the job fails
-
-
-def split_tasks(missing, prefetchers, files_per_task):
-    """Splits a minibatch's missing files into prefetcher tasks.
-
-    Whole minibatches per task would make the first one wait for a single
-    prefetcher to open every file in turn, and leave most prefetchers idle
-    at the end of an epoch; one file per task would cost a queue round trip
-    per file. Automatic (``files_per_task`` 0): as many tasks as prefetchers.
-    """
-    if not len(missing):
-        return []
-    per = files_per_task or -(-len(missing) // prefetchers)
-    return [missing[i:i + per] for i in range(0, len(missing), per)]
 
 
 class _Request:
@@ -78,14 +65,12 @@ class ServiceLoop:
         self.pins = ReadPins()   # requests whose files are pinned, until read and let go
         self.waiting = {}        # file index -> [_Request] still waiting for it
         self.admitting = collections.deque()  # requests with files to fetch, in arrival order
-        self.task_time = {}      # task id -> seconds, until its request is answered
         self.no_space = collections.Counter()  # file index -> fetches that met a full disk
-        self.next_task = 0
+        self.dispatch = Dispatch(service)
         self.epoch = 0           # of the latest request, for the cache's counters
         self.peak = 0
         self.failed = None       # the Failure sent to clients, once staging failed
         self.next_stall_check = 0.0
-        self.deadlines = DeadlineQueue(service.pool.tasks.put)
 
     def run(self):
         s = self.s
@@ -111,7 +96,7 @@ class ServiceLoop:
                     self.on_client(obj)
             self.check_stalls()
             if s.resizer is not None and self.failed is None and s.resizer.resize():
-                self.deadlines.feed(s.pool.size)
+                self.dispatch.feed()
 
     def running(self):
         """Whether to serve on: until halted, while clients are connected or still to come."""
@@ -223,46 +208,17 @@ class ServiceLoop:
     def fetch(self, request, missing):
         if not len(missing):
             return
-        s = self.s
         self.cache.fetching(missing)
         if self.cache.used > self.peak:
             self.peak = self.cache.used
-            s.telemetry.record(tm.USAGE, self.epoch, self.peak)
-        first, count = self.next_task, len(missing)
-        if s.peers is not None:
-            missing = self.ask_peers(request, missing)
-        for chunk in split_tasks(missing, s.pool.size, s.staging.files_per_task):
-            task = self.next_task
-            self.next_task += 1
-            files = [(int(i), self.catalog.path(i), int(self.catalog.sizes[i]), self.catalog.mtime(i))
-                     for i in chunk]
-            self.deadlines.push(request.seq, task, StageTask(task, request.epoch, request.step, files))
-            self.task_time[task] = None
-            request.tasks.append(task)
-        self.deadlines.feed(s.pool.size)
-        if s.resizer is not None:
-            s.resizer.asked(len(missing))
-        s.telemetry.record(tm.QUEUED, first, self.next_task - first, count)
-
-    def ask_peers(self, request, missing):
-        """Hands the files other nodes hold to the peer fetchers, one task per holder; returns the rest."""
-        peers, catalog = self.s.peers, self.catalog
-        ask, missing = peers.route(missing, self.cache.sizes[missing])
-        for owner, indices in peers.by_owner(ask):
-            task = self.next_task
-            self.next_task += 1
-            peers.submit(task, request.epoch, request.step, owner,
-                         [(int(i), catalog.path(i), int(catalog.sizes[i]), catalog.mtime(i)) for i in indices])
-            self.task_time[task] = None
-            request.tasks.append(task)
-        return missing
+            self.s.telemetry.record(tm.USAGE, self.epoch, self.peak)
+        self.dispatch.submit(request, missing)
 
     def release(self, request):
         """A request's minibatch was read (or its client left): its files go once ``ReadPins`` lets them."""
         if request is None:
             return
-        for t in request.tasks:
-            self.task_time.pop(t, None)
+        self.dispatch.seconds(request)  # its tasks' times are of no more use
         if request in self.admitting:  # its client left before it could be admitted
             self.admitting.remove(request)
         self.unpin(self.pins.read(request.conn, request.seq))
@@ -298,13 +254,7 @@ class ServiceLoop:
             return
         assert isinstance(msg, Staged), msg
         telemetry, cache = self.s.telemetry, self.cache
-        if msg.task in self.task_time:
-            self.task_time[msg.task] = msg.seconds
-        if msg.route == "source":  # a prefetcher's task (the peer fetchers' are not on the deadline queue)
-            self.deadlines.done(msg.task)
-            self.deadlines.feed(self.s.pool.size)
-            if self.s.resizer is not None:
-                self.s.resizer.finished(len(msg.done), msg.seconds)
+        self.dispatch.finished(msg)
         telemetry.record(tm.TASK, msg.task, len(msg.done), msg.seconds)
         on_staged = self.s.on_staged
         full = [index for index, nbytes in msg.done if nbytes == NO_SPACE]
@@ -361,20 +311,15 @@ class ServiceLoop:
             return
         self.remove(victims)
         cache.fetching(indices)
-        for chunk in split_tasks(indices, self.s.pool.size, self.s.staging.files_per_task):
-            task = self.next_task
-            self.next_task += 1
-            files = [(int(i), self.catalog.path(i), int(cache.sizes[i]), self.catalog.mtime(i)) for i in chunk]
-            self.s.pool.tasks.put(StageTask(task, epoch, -1, files))
+        self.dispatch.retry(indices, epoch)
 
     # Answers --------------------------------------------------------------
 
     def fail(self, failure, skip=None):
         """Tells every client (but ``skip``) why staging stopped; later requests get the same answer."""
         self.failed = failure
-        self.deadlines.clear()
+        self.dispatch.clear()
         self.waiting.clear()
-        self.task_time.clear()
         self.admitting.clear()
         for conn in self.clients:
             if conn is not skip:
@@ -382,8 +327,7 @@ class ServiceLoop:
 
     def answer(self, request):
         request.answered = True
-        seconds = sum(self.task_time.pop(t, None) or 0.0 for t in request.tasks)
-        self.send(request.conn, self.ready(request, seconds))
+        self.send(request.conn, self.ready(request, self.dispatch.seconds(request)))
 
     def ready(self, request, seconds):
         """The answer to a request whose files are all local."""

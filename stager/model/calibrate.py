@@ -10,7 +10,6 @@ and bandwidth (``stager.engine.perf.probe``), where each is measured best.
 import time
 from dataclasses import replace
 
-from .. import _moved
 from ..engine.perf import machine
 
 
@@ -84,8 +83,3 @@ def from_summary(summary, base):
         changes["batch_size"] = int(batch)
     return replace(base, **changes)
 
-
-def __getattr__(name):
-    # The probe moved to the engine in 0.2 (``stager.engine.perf.probe``), which tunes auto counts with it.
-    return _moved.moved_attribute(__name__, name, "stager.engine.perf.probe",
-                                  ("probe", "machine", "cpu_ticks", "PROBE_FILES", "MAIN_S"))

@@ -84,7 +84,7 @@ def choose_counts(rates, miss=1.0, max_prefetchers=MAX_PREFETCHERS):
     """The prefetchers and readers ``auto`` starts with.
 
     Args:
-        rates: A ``Rates`` from a probe (``calibrate.probe``).
+        rates: A ``Rates`` from a probe (``probe.probe``).
         miss: Fraction of files to fetch (1: a cold cache).
         max_prefetchers: Upper bound for the prefetchers.
 

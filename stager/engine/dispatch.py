@@ -1,0 +1,101 @@
+"""How the node service turns the files a request must fetch into prefetcher and peer tasks.
+
+Owns what tasks alone need: their numbering, the deadline queue that hands
+the prefetchers the most urgent task first (``deadlines.py``), each task's
+time until its request is answered, and the split of a minibatch's files
+into tasks. The service's loop (``service_loop.py``) decides what to fetch;
+this decides how it is handed out.
+"""
+
+from .deadlines import DeadlineQueue
+from .messages import StageTask
+from .. import telemetry as tm
+
+
+def split_tasks(missing, prefetchers, files_per_task):
+    """Splits a minibatch's missing files into prefetcher tasks.
+
+    Whole minibatches per task would make the first one wait for a single
+    prefetcher to open every file in turn, and leave most prefetchers idle
+    at the end of an epoch; one file per task would cost a queue round trip
+    per file. Automatic (``files_per_task`` 0): as many tasks as prefetchers.
+    """
+    if not len(missing):
+        return []
+    per = files_per_task or -(-len(missing) // prefetchers)
+    return [missing[i:i + per] for i in range(0, len(missing), per)]
+
+
+class Dispatch:
+    """The service's tasks: numbered, queued by deadline, timed.
+
+    Args:
+        service: The ``StagingService`` (its pool, peers, staging section,
+            resizer, catalog and telemetry).
+    """
+
+    def __init__(self, service):
+        self.s = service
+        self.catalog = service.catalog.files
+        self.next_task = 0
+        self.task_time = {}  # task id -> seconds, until its request is answered
+        self.deadlines = DeadlineQueue(service.pool.tasks.put)
+
+    def files(self, indices):
+        """What a task carries for each file: ``(index, path, bytes, mtime)``."""
+        catalog = self.catalog
+        return [(int(i), catalog.path(i), int(catalog.sizes[i]), catalog.mtime(i)) for i in indices]
+
+    def _new(self, request):
+        task = self.next_task
+        self.next_task += 1
+        self.task_time[task] = None
+        request.tasks.append(task)
+        return task
+
+    def submit(self, request, missing):
+        """Hands ``request``'s files to fetch to the peers that hold them and to the prefetchers."""
+        s = self.s
+        first, count = self.next_task, len(missing)
+        if s.peers is not None:
+            ask, missing = s.peers.route(missing, self.catalog.sizes[missing])
+            for owner, indices in s.peers.by_owner(ask):  # one task per holder
+                s.peers.submit(self._new(request), request.epoch, request.step, owner, self.files(indices))
+        for chunk in split_tasks(missing, s.pool.size, s.staging.files_per_task):
+            task = self._new(request)
+            self.deadlines.push(request.seq, task, StageTask(task, request.epoch, request.step, self.files(chunk)))
+        self.feed()
+        if s.resizer is not None:
+            s.resizer.asked(len(missing))
+        s.telemetry.record(tm.QUEUED, first, self.next_task - first, count)
+
+    def retry(self, indices, epoch):
+        """Fetches again files that met a full disk, at once (their requests wait on them)."""
+        s = self.s
+        for chunk in split_tasks(indices, s.pool.size, s.staging.files_per_task):
+            task = self.next_task
+            self.next_task += 1
+            s.pool.tasks.put(StageTask(task, epoch, -1, self.files(chunk)))
+
+    def finished(self, msg):
+        """A ``Staged`` reply: its task's time is kept, and a prefetcher is free for the next task."""
+        if msg.task in self.task_time:
+            self.task_time[msg.task] = msg.seconds
+        if msg.route == "source":  # a prefetcher's task (the peer fetchers' are not on the deadline queue)
+            self.deadlines.done(msg.task)
+            self.feed()
+            if self.s.resizer is not None:
+                self.s.resizer.finished(len(msg.done), msg.seconds)
+
+    def feed(self):
+        """Keeps each prefetcher of the pool, as large as it is now, given its next task."""
+        self.deadlines.feed(self.s.pool.size)
+
+    def seconds(self, request):
+        """The prefetchers' time on ``request``'s tasks, forgotten once asked."""
+        return sum(self.task_time.pop(t, None) or 0.0 for t in request.tasks)
+
+    def clear(self):
+        """No task is handed out any more (staging failed)."""
+        self.deadlines.clear()
+        self.task_time.clear()
