@@ -1,9 +1,25 @@
 """What the front ends share: turning their arguments into stager's parts."""
 
+import os
+
+from stager import load_config
 from stager.catalog import Catalog, agreed_catalog, broadcast_catalog
 from stager.config import Config, config_from_dict
 from stager.sources import within
 from stager.world import detect
+
+CONFIG_ENV = "STAGER_CONFIG"  # a YAML file of site defaults (local directory, capacity, prefetchers, peers)
+
+
+def staging_settings(config):
+    """The staging settings: ``config=`` (a Config or dict), else ``$STAGER_CONFIG``'s file, else the defaults."""
+    if config is None:
+        return load_config(os.environ[CONFIG_ENV]) if os.environ.get(CONFIG_ENV) else Config()
+    if isinstance(config, dict):
+        return config_from_dict(config)
+    if isinstance(config, Config):
+        return config
+    raise TypeError(f"config must be a stager Config or a dict of its values, got {type(config).__name__}")
 
 
 def resolve(config, world=None, catalog=None, overrides=None, build=None):

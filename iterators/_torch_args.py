@@ -22,6 +22,8 @@ own: the rules are torch's, not a copy of them.
 from dataclasses import dataclass
 from typing import Optional
 
+import warnings
+
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, SequentialSampler
 
@@ -53,6 +55,15 @@ def _check_distributed(sampler, world, length):
     if len(sampler.dataset) != length:
         raise ValueError(f"the DistributedSampler's dataset has {len(sampler.dataset)} samples, the loader's "
                          f"{length}: give both the same dataset")
+
+
+def can_pin():
+    """Whether batches can be pinned: an accelerator is present (else DataLoader's warning, and no pinning)."""
+    if torch.accelerator.is_available():
+        return True
+    warnings.warn("'pin_memory' argument is set as true but no accelerator is found, then device pinned memory "
+                  "won't be used.")
+    return False
 
 
 def dataloader_rules(dataset, **arguments):

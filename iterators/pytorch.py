@@ -20,38 +20,21 @@ keeps working. What each argument does here is in docs/pytorch.md and
 ``_torch_datasets``.
 """
 
-import os
-import warnings
 import weakref
 
-import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from stager import Catalog, Pipeline, load_config
+from stager import Catalog, Pipeline
 from stager import plan as planlib
-from stager.config import Config, config_from_dict
+from stager.config import Config
 from stager.world import agree, detect
 
-from ._source import resolve
-from ._torch_args import dataloader_rules, draw_seed, loader_plan, process_settings
+from ._source import resolve, staging_settings
+from ._torch_args import can_pin, dataloader_rules, draw_seed, loader_plan, process_settings
 from ._torch_datasets import TorchFiles
 from ._torch_shards import ShardDataset
 
 __all__ = ["ShardDataset", "StagedLoader"]
-
-CONFIG_ENV = "STAGER_CONFIG"  # a YAML file of site defaults (local directory, capacity, prefetchers, peers)
-
-
-def _base_config(config):
-    """The staging settings: ``config=`` (a Config or dict), else ``$STAGER_CONFIG``'s file, else the defaults."""
-    if config is None:
-        return load_config(os.environ[CONFIG_ENV]) if os.environ.get(CONFIG_ENV) else Config()
-    if isinstance(config, dict):
-        return config_from_dict(config)
-    if isinstance(config, Config):
-        return config
-    raise TypeError(f"config must be a stager Config or a dict of its values, got {type(config).__name__}")
-
 
 class StagedLoader(IterableDataset):
     """``DataLoader``'s interface over stager: files staged to node-local storage, then decoded and collated.
@@ -124,7 +107,7 @@ class StagedLoader(IterableDataset):
         self.multiprocessing_context, self.pin_memory_device, self.in_order = (rules.multiprocessing_context,
                                                                                pin_memory_device, in_order)
         self.collate_fn = rules.collate_fn
-        self.pin_memory = pin_memory and self._can_pin()
+        self.pin_memory = pin_memory and can_pin()
         processes = process_settings(num_workers, prefetch_factor, timeout, rules.multiprocessing_context)
         self._sampler, self._decoder, self._seed_given = None, None, False
         if isinstance(dataset, (Config, dict, Catalog)):
@@ -162,7 +145,7 @@ class StagedLoader(IterableDataset):
 
     def _from_dataset(self, dataset, shuffle, batch_sampler, processes, config, world):
         files = TorchFiles(dataset)
-        base = _base_config(config)
+        base = staging_settings(config)
         world = world if world is not None else detect(base.world.mpi, base.world.backend)
         order = loader_plan(len(files), self.batch_size, shuffle, self.sampler, batch_sampler, self.drop_last,
                             self.generator, world, persistent=bool(self.persistent_workers and self.num_workers))
@@ -181,14 +164,6 @@ class StagedLoader(IterableDataset):
                      "dataset": {"source": files.root, "manifest": None, "catalog": None}}
         self.config, self.world, self.catalog = resolve(base, world, None, overrides, files.catalog)
         self._decoder = files.decoder(plan["seed"], self.worker_init_fn, dataset)
-
-    @staticmethod
-    def _can_pin():
-        if torch.accelerator.is_available():
-            return True
-        warnings.warn("'pin_memory' argument is set as true but no accelerator is found, then device pinned memory "
-                      "won't be used.")
-        return False
 
     def set_epoch(self, epoch):
         """Chooses the epoch the next iteration reads (from its start unless resuming in it).

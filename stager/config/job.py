@@ -7,7 +7,7 @@ so that one file describes a whole job.
 from dataclasses import dataclass, field
 from typing import List, Optional
 
-from .library import check_choices, choice_field, path_field, require
+from .fields import check_choices, choice_field, path_field, require
 
 
 @dataclass(frozen=True)

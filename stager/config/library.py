@@ -7,81 +7,11 @@ dictionary, ``Config.replace``).
 
 import multiprocessing
 import re
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import List, Optional, Union
 
-from ..errors import ConfigError
-
-
-def path_field(default=None):
-    """A path-valued key: relative paths in a YAML file are resolved against the file's directory."""
-    return field(default=default, metadata={"path": True})
-
-
-def choice_field(default, choices):
-    """A key whose value is one of ``choices``: a tuple, or a function returning a registry's names.
-
-    ``check_choices`` refuses any other value; the configuration reference
-    lists them.
-    """
-    return field(default=default, metadata={"choices": choices})
-
-
-def choices_of(f):
-    """The allowed values of dataclass field ``f`` (a list), or None when any value of its type is."""
-    choices = f.metadata.get("choices")
-    if choices is None:
-        return None
-    return list(choices() if callable(choices) else choices)
-
-
-def check_choices(section, name):
-    """Refuses a value outside its key's choices, naming the key (``name.key``) and the valid values."""
-    for f in fields(section):
-        allowed = choices_of(f)
-        value = getattr(section, f.name)
-        if allowed is None or value in allowed:
-            continue
-        if callable(f.metadata["choices"]):  # a registry: its names, sorted
-            raise ConfigError(f"{name}.{f.name} must be one of {allowed}, not {value!r}")
-        listed = ", ".join(repr(c) for c in allowed[:-1]) + f" or {allowed[-1]!r}"
-        raise ConfigError(f"{name}.{f.name} must be {listed}, not {value!r}")
-
-
-def _shuffles():
-    from ..plan.shuffles import SHUFFLES  # the registries live with the plan
-
-    return sorted(SHUFFLES)
-
-
-def _splits():
-    from ..plan.splits import SPLITS
-
-    return sorted(SPLITS)
-
-
-def _policies():
-    from ..cache import POLICIES  # the registry lives with the cache
-
-    return ["auto", *sorted(POLICIES)]
-
-
-def _verify_modes():
-    from ..sources.verify import MODES  # the modes live with the check
-
-    return list(MODES)
-
-
-def check_count(value, key):
-    """A process count: an int of at least 1, or ``auto`` (chosen by the model at start, adjusted while running)."""
-    require(value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1),
-            f"{key} must be a number of at least 1 or 'auto', not {value!r}")
-
-
-def require(ok, message):
-    """Raises ``ConfigError(message)`` unless ``ok``."""
-    if not ok:
-        raise ConfigError(message)
+from .fields import (check_choices, check_count, choice_field, path_field, policies, require, shuffles, splits,
+                     verify_modes)
 
 
 @dataclass(frozen=True)
@@ -220,9 +150,9 @@ class PlanConfig:
     shuffle: bool = True
     drop_last: bool = False
     remainder: str = choice_field("pad", ("pad", "drop"))
-    shuffle_algorithm: str = choice_field("pcg64", _shuffles)
+    shuffle_algorithm: str = choice_field("pcg64", shuffles)
     shard_window: int = 8
-    split: str = choice_field("contiguous", _splits)
+    split: str = choice_field("contiguous", splits)
 
     def __post_init__(self):
         check_choices(self, "plan")
@@ -308,11 +238,11 @@ class StagingConfig:
     files_per_task: int = 0
     keep: bool = False
     capacity: Optional[str] = "auto"
-    cache_policy: str = choice_field("auto", _policies)
+    cache_policy: str = choice_field("auto", policies)
     peers: str = choice_field("off", ("off", "partition"))
     peer_choice: str = choice_field("holder", ("holder", "measured"))
     stall_timeout_s: float = 300.0
-    verify: str = choice_field("size", _verify_modes)
+    verify: str = choice_field("size", verify_modes)
     share: Optional[str] = None
     share_window: int = 16
 

@@ -13,7 +13,7 @@ import typing
 from dataclasses import dataclass
 from typing import List, Optional
 
-from .library import choices_of
+from .fields import choices_of
 from .root import Config
 from .schema import type_name
 
