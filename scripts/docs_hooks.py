@@ -1,11 +1,4 @@
-"""MkDocs hooks: the generated reference pages and the version, from the code itself (named in mkdocs.yml)."""
-
-from mkdocs.structure.files import File
-
-GENERATED = {
-    "reference/configuration.md": "stager.config.reference",
-    "reference/cli.md": "stager.cli.reference",
-}
+"""MkDocs hook (named in mkdocs.yml): the site's title carries the package's version."""
 
 
 def on_config(config):
@@ -13,11 +6,3 @@ def on_config(config):
 
     config.site_name = f"stager {stager.__version__}"
     return config
-
-
-def on_files(files, config):
-    import importlib
-
-    for path, module in GENERATED.items():
-        files.append(File.generated(config, path, content=importlib.import_module(module).markdown()))
-    return files

@@ -118,6 +118,12 @@ def test_the_python_the_pages_show_compiles():
     assert count >= 5
 
 
+def test_the_committed_reference_pages_are_what_the_code_says_today():
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "docs_reference.py"), "--check"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+
+
 def test_the_site_builds_strictly_with_the_version_and_the_generated_references(tmp_path):
     site = tmp_path / "site"
     proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],

@@ -73,7 +73,7 @@ def markdown():
 def _page(top):
     lines = ["# Command-line reference", "",
              "Every `stager` command, generated from its argparse parsers (`stager/cli`); `stager COMMAND --help` "
-             "prints the same.", "", "```", top.format_usage().strip(), "```", ""]
+             "prints the same. (Written by `scripts/docs_reference.py`: edit the parsers' help, not this page.)", "", "```", top.format_usage().strip(), "```", ""]
     for full, parser, text in commands(top):
         depth = full.count(" ")
         lines += ["#" * min(depth + 1, 4) + f" `{full}`", ""]

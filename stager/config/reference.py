@@ -95,7 +95,8 @@ def markdown():
              "Every key stager's YAML loader accepts, generated from the schema (`stager/config`). An unknown key "
              "is refused, naming it and listing the valid keys with their defaults. `stager config [FILE] "
              "[--set KEY=VALUE]` prints the effective configuration; `--set` takes any key below as "
-             "`section.key=value`.", ""]
+             "`section.key=value`. (Written by `scripts/docs_reference.py` from the sections' docstrings: edit "
+             "those, not this page.)", ""]
     by_section = {}
     for key in keys():
         by_section.setdefault(key.section, []).append(key)
