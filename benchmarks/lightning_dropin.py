@@ -24,14 +24,13 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from torch_dropin import BATCH, bounds, cpu_of, decode_seconds, transforms  # noqa: E402  (this directory)
+from torch_dropin import BATCH, bounds, cpu_of, emulated_jpeg_folder, transforms  # noqa: E402  (this directory)
 
 
 def one(args):
@@ -134,26 +133,17 @@ def main():
     if args.one:
         return one(args)
 
-    from stager.job.synth import make_dataset
     from stager.model.calibrate import available_cores, cores_note
-    from stager.slowfs import SlowFS, mount_entry
 
     counts = [int(x) for x in args.workers.split(",")]
-    with tempfile.TemporaryDirectory(prefix="stager-lightning-") as work:
-        data = os.path.join(work, "imgs")
-        make_dataset(data, args.samples, nbytes=115000, classes=10, seed=1, progress=False, fmt="jpeg")
-        os.remove(os.path.join(data, "manifest.tsv"))  # an ImageFolder: class directories only
-        d = decode_seconds(data)
+    with emulated_jpeg_folder(args.samples, args.open_ms, "stager-lightning-") as (work, mnt, daemon, d):
         free_before = available_cores()
         rows = []
-        os.mkdir(os.path.join(work, "mnt"))
-        with SlowFS(data, os.path.join(work, "mnt"), open_ms=args.open_ms, mbps=0) as mnt:
-            daemon = int(mount_entry(mnt).split(":", 1)[1])
-            for w in counts:
-                local = os.path.join(work, f"local-{w}")
-                os.mkdir(local)
-                rows.append({"w": w, "dataloader": run("dataloader", w, mnt, local, daemon, args, work),
-                             "stager": run("stager", w, mnt, local, daemon, args, work)})
+        for w in counts:
+            local = os.path.join(work, f"local-{w}")
+            os.mkdir(local)
+            rows.append({"w": w, "dataloader": run("dataloader", w, mnt, local, daemon, args, work),
+                         "stager": run("stager", w, mnt, local, daemon, args, work)})
         free_after = available_cores()
     print(f"Lightning ddp, 2 CPU ranks; {args.samples} JPEGs (256x256) behind the emulator at {args.open_ms:g} ms "
           f"an open; batch {BATCH} a rank; {args.epochs} epochs; transforms {d * 1000:.2f} ms CPU a sample; "

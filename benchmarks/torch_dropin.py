@@ -25,6 +25,7 @@ table gives the measured ratio beside it.
 """
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -91,6 +92,26 @@ def decode_seconds(data, count=64):
     return (time.process_time() - begin) / len(picks)
 
 
+@contextlib.contextmanager
+def emulated_jpeg_folder(samples, open_ms, prefix):
+    """An ImageFolder of 256x256 JPEGs behind the emulator at ``open_ms`` an open, removed afterwards.
+
+    Yields:
+        ``(work directory, mount point, the emulator daemon's pid, CPU seconds of the transforms a sample)``.
+    """
+    from stager.job.synth import make_dataset
+    from stager.slowfs import SlowFS, mount_entry
+
+    with tempfile.TemporaryDirectory(prefix=prefix) as work:
+        data = os.path.join(work, "imgs")
+        make_dataset(data, samples, nbytes=115000, classes=10, seed=1, progress=False, fmt="jpeg")
+        os.remove(os.path.join(data, "manifest.tsv"))  # an ImageFolder: class directories only
+        d = decode_seconds(data)
+        os.mkdir(os.path.join(work, "mnt"))
+        with SlowFS(data, os.path.join(work, "mnt"), open_ms=open_ms, mbps=0) as mnt:
+            yield work, mnt, int(mount_entry(mnt).split(":", 1)[1]), d
+
+
 def cpu_of(pid):
     with open(f"/proc/{pid}/stat") as fh:
         fields = fh.read().rsplit(")", 1)[1].split()
@@ -133,30 +154,21 @@ def main():
     if args.one:
         return one(args)
 
-    from stager.job.synth import make_dataset
     from stager.model.calibrate import available_cores, cores_note
-    from stager.slowfs import SlowFS, mount_entry
 
     counts = [int(x) for x in args.processes.split(",")]
-    with tempfile.TemporaryDirectory(prefix="stager-dropin-") as work:
-        data = os.path.join(work, "imgs")
-        make_dataset(data, args.samples, nbytes=115000, classes=10, seed=1, progress=False, fmt="jpeg")
-        os.remove(os.path.join(data, "manifest.tsv"))  # an ImageFolder: class directories only
-        d = decode_seconds(data)
+    with emulated_jpeg_folder(args.samples, args.open_ms, "stager-dropin-") as (work, mnt, daemon, d):
         free_before = available_cores()
         rows = []
-        os.mkdir(os.path.join(work, "mnt"))
-        with SlowFS(data, os.path.join(work, "mnt"), open_ms=args.open_ms, mbps=0) as mnt:
-            daemon = int(mount_entry(mnt).split(":", 1)[1])
-            for n in counts:
-                local = os.path.join(work, f"local-{n}")
-                os.mkdir(local)
-                dl = run("dataloader", n, mnt, local, daemon, args)
-                st = run("stager", n, mnt, local, daemon, args)
-                dl_bound, st_bound = bounds(n, args.samples, args.open_ms / 1000, d, os.cpu_count(),
-                                            args.in_flight, args.epochs)
-                rows.append({"n": n, "dataloader": dl, "stager": st, "bound_dataloader": dl_bound,
-                             "bound_stager": st_bound})
+        for n in counts:
+            local = os.path.join(work, f"local-{n}")
+            os.mkdir(local)
+            dl = run("dataloader", n, mnt, local, daemon, args)
+            st = run("stager", n, mnt, local, daemon, args)
+            dl_bound, st_bound = bounds(n, args.samples, args.open_ms / 1000, d, os.cpu_count(),
+                                        args.in_flight, args.epochs)
+            rows.append({"n": n, "dataloader": dl, "stager": st, "bound_dataloader": dl_bound,
+                         "bound_stager": st_bound})
         free_after = available_cores()
     print(f"{args.samples} JPEGs (256x256) behind the emulator at {args.open_ms:g} ms an open; batch {BATCH}; "
           f"{args.epochs} epochs; transforms {d * 1000:.2f} ms CPU a sample; StagedLoader: 1 prefetcher with "

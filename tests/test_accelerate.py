@@ -5,10 +5,7 @@ Accelerate's multi-CPU launch is ``--mpirun_hostfile``, which starts the
 ranks with mpirun.
 """
 
-import json
 import os
-import signal
-import subprocess
 import sys
 
 import pytest
@@ -16,6 +13,7 @@ from torch.utils.data import DistributedSampler
 
 from conftest import REPO
 from helpers.opens import Opens
+from helpers.stacks import run_job
 from test_torch_dropin import write_jpegs
 
 pytest.importorskip("accelerate", reason="Accelerate is not installed (extra 'stacks')")
@@ -26,7 +24,7 @@ SAMPLES, BATCH, SEED = 33, 4, 5
 
 
 def run(tmp_path, tag, *args, expect_kill=False):
-    """``accelerate launch`` in a process group of its own, ended whatever happens."""
+    """``accelerate launch`` as a job of its own; returns each rank's records."""
     out = tmp_path / "out"
     out.mkdir(exist_ok=True)
     hosts = tmp_path / "hosts"
@@ -38,22 +36,7 @@ def run(tmp_path, tag, *args, expect_kill=False):
     command = [ACCELERATE, "launch", "--cpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision",
                "no", "--dynamo_backend", "no", "--mpirun_hostfile", str(hosts), SCRIPT,
                str(tmp_path / "train"), str(out), tag, "--local", str(tmp_path / "local"), *args]
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
-                            env=env, start_new_session=True)
-    try:
-        output, _ = proc.communicate(timeout=300)
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.communicate()
-    if expect_kill:
-        assert proc.returncode != 0, output
-    else:
-        assert proc.returncode == 0, output
-    return [[json.loads(line) for line in (out / f"{tag}-rank{r}.jsonl").read_text().splitlines()]
-            for r in range(2)]
+    return run_job(command, tmp_path, env, out, tag, expect_kill=expect_kill)
 
 
 def distributed_sampler_batches(rank, epoch):

@@ -10,12 +10,14 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 
 from conftest import REPO
 from stager import __version__
 from stager.cli.main import build_parser
 from stager.cli.reference import commands
 from stager.cli.reference import markdown as cli_markdown
+from stager.config import config_from_dict
 from stager.config.reference import keys
 from stager.config.reference import markdown as config_markdown
 
@@ -108,6 +110,17 @@ def test_the_files_the_pages_name_exist():
     for page, _, code in blocks({"", "bash", "sh", "shell", "python", "diff", "yaml"}):
         for path in named.findall(code):
             assert os.path.exists(os.path.join(REPO, path)), f"{page} names {path}"
+
+
+def test_the_configurations_the_pages_show_load():
+    sections = {key.section for key in keys()}
+    count = 0
+    for page, _, code in blocks({"yaml"}):
+        data = yaml.safe_load(code)
+        if isinstance(data, dict) and set(data) <= sections:  # a stager config (not a profile, not Slurm's)
+            config_from_dict(data)
+            count += 1
+    assert count >= 3
 
 
 def test_the_python_the_pages_show_compiles():

@@ -4,16 +4,14 @@ Every comparison is against the same script with Lightning's own DataLoader
 path (Lightning injecting its DistributedSampler), run by the same Trainer.
 """
 
-import json
 import os
-import signal
-import subprocess
 import sys
 
 import pytest
 
 from conftest import REPO
 from helpers.opens import Opens
+from helpers.stacks import run_job
 from test_mpi_run import MPIEXEC
 from test_torch_dropin import write_jpegs
 
@@ -24,27 +22,12 @@ SAMPLES = 33  # 2 ranks: DistributedSampler pads one
 
 
 def run(tmp_path, tag, *args, launcher=(), expect_kill=False):
-    """Runs the script in a process group of its own (its ranks and stager's workers), ended whatever happens."""
+    """Runs the script (under ``launcher``, if any) as a job of its own; returns each rank's records."""
     out = tmp_path / "out"
     out.mkdir(exist_ok=True)
     env = dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS="1", TMPDIR=str(tmp_path), PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen([*launcher, sys.executable, SCRIPT, str(tmp_path / "train"), str(out), tag, *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path, env=env,
-                            start_new_session=True)
-    try:
-        output, _ = proc.communicate(timeout=300)
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # whatever the run left (nothing, when it ended well)
-        except ProcessLookupError:
-            pass
-        proc.communicate()
-    if expect_kill:
-        assert proc.returncode == -signal.SIGKILL, output
-    else:
-        assert proc.returncode == 0, output
-    return [[json.loads(line) for line in (out / f"{tag}-rank{r}.jsonl").read_text().splitlines()]
-            for r in range(2)]
+    command = [*launcher, sys.executable, SCRIPT, str(tmp_path / "train"), str(out), tag, *args]
+    return run_job(command, tmp_path, env, out, tag, expect_kill=expect_kill)
 
 
 def by_epoch(steps):
