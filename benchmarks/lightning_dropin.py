@@ -9,9 +9,10 @@ open), trained by ``Trainer(accelerator="cpu", devices=2, strategy="ddp")``
 for ``--epochs`` epochs, batch 32 a rank, a small convolutional model. The
 ``LightningDataModule`` returns, for each W of ``--workers``, alternating:
 ``DataLoader(num_workers=W, persistent_workers=True)`` (Lightning injects
-its ``DistributedSampler``), and ``StagedLoader(num_workers=W - 1)`` with
-one prefetcher for the node keeping ``--in-flight`` files in flight: 2W
-loading processes against 2(W - 1) + 1. Each run is a fresh process tree;
+its ``DistributedSampler``), and ``StagedLoader(num_workers=max(1, W - 1))``
+with one prefetcher for the node keeping ``--in-flight`` files in flight:
+2W loading processes against 2 max(1, W - 1) + 1 (one more at W = 1,
+one fewer above). Each run is a fresh process tree;
 rank 0 times each epoch between Lightning's epoch hooks, each rank reports
 its own CPU seconds (the table shows those of training, from Lightning's
 ``on_train_start``), and the benchmark samples every process of the tree
@@ -48,7 +49,7 @@ def one(args):
             train = ImageFolder(args.data, transform=transforms())
             if args.one == "dataloader":
                 return DataLoader(train, batch_size=BATCH, shuffle=True, num_workers=args.w, persistent_workers=True)
-            return StagedLoader(train, batch_size=BATCH, shuffle=True, num_workers=args.w - 1,
+            return StagedLoader(train, batch_size=BATCH, shuffle=True, num_workers=readers(args.w),
                                 config={"staging": {"local_dir": args.local, "prefetchers": 1},
                                         "dataset": {"requests_in_flight": args.in_flight}})
 
@@ -84,6 +85,11 @@ def one(args):
     trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=args.epochs, logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
     trainer.fit(Model(), datamodule=Data())
+
+
+def readers(w):
+    """StagedLoader's readers a rank against DataLoader's ``w`` workers: one fewer, at least one."""
+    return max(1, w - 1)
 
 
 def tree_cpu(root, stop, seen):
@@ -123,7 +129,8 @@ def main():
     parser.add_argument("--samples", type=int, default=1536)
     parser.add_argument("--open-ms", type=float, default=10.0)
     parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--workers", default="2,4", help="W: DataLoader workers a rank; StagedLoader W - 1 readers")
+    parser.add_argument("--workers", default="1,2,4",
+                        help="W: DataLoader workers a rank; StagedLoader max(1, W - 1) readers a rank")
     parser.add_argument("--in-flight", type=int, default=8, help="files the node's prefetcher keeps in flight")
     parser.add_argument("--json", help="write the results here")
     for hidden in ("--one", "--data", "--local", "--out"):
@@ -147,21 +154,23 @@ def main():
         free_after = available_cores()
     print(f"Lightning ddp, 2 CPU ranks; {args.samples} JPEGs (256x256) behind the emulator at {args.open_ms:g} ms "
           f"an open; batch {BATCH} a rank; {args.epochs} epochs; transforms {d * 1000:.2f} ms CPU a sample; "
-          f"StagedLoader: 1 prefetcher for the node with {args.in_flight} files in flight + W - 1 readers a rank")
+          f"StagedLoader: 1 prefetcher for the node with {args.in_flight} files in flight + max(1, W - 1) readers a rank")
     print(cores_note(free_before, free_after))
     print("\n| W | epoch | DataLoader s | StagedLoader s | ratio | bounds' ratio |")
     print("|---:|---:|---:|---:|---:|---:|")
     for row in rows:
-        # torch_dropin's bounds with the job's N: 2W DataLoader workers; 2(W - 1) + 1 StagedLoader processes.
-        dl_bound, st_bound = bounds(2 * row["w"], args.samples, args.open_ms / 1000, d, os.cpu_count(),
-                                    args.in_flight, args.epochs)
+        # torch_dropin's bounds for the job's 2W DataLoader workers and 2 max(1, W - 1) readers.
+        dl_bound, _ = bounds(2 * row["w"], args.samples, args.open_ms / 1000, d, os.cpu_count(), args.in_flight,
+                             args.epochs)
+        _, st_bound = bounds(2 * readers(row["w"]) + 1, args.samples, args.open_ms / 1000, d, os.cpu_count(),
+                             args.in_flight, args.epochs)
         for e, (a, b) in enumerate(zip(row["dataloader"]["epochs"], row["stager"]["epochs"])):
             print(f"| {row['w']} | {e} | {a:.2f} | {b:.2f} | {a / b:.2f}x | {dl_bound[e] / st_bound[e]:.2f}x |")
     print("\n| W | method | loading processes | all epochs s | ranks CPU s | loading workers CPU s | "
           "prefetchers CPU s | emulator CPU s |")
     print("|---:|---|---:|---:|---:|---:|---:|---:|")
     for row in rows:
-        for method, processes in (("dataloader", 2 * row["w"]), ("stager", 2 * (row["w"] - 1) + 1)):
+        for method, processes in (("dataloader", 2 * row["w"]), ("stager", 2 * readers(row["w"]) + 1)):
             cpu = row[method]["cpu"]
             print(f"| {row['w']} | {method} | {processes} | {sum(row[method]['epochs']):.2f} | {cpu['ranks']:.2f} | "
                   f"{cpu['loading workers']:.2f} | {cpu['prefetchers']:.2f} | {cpu['emulator']:.2f} |")
