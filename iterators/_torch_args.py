@@ -85,10 +85,10 @@ def _fresh(generator):
             torch.equal(generator.get_state(), torch.Generator().manual_seed(generator.initial_seed()).get_state()))
 
 
-def _own_generator_order(plan, generator, persistent, world):
-    """Where one process shuffles from a fresh seeded generator, PyTorch's exact order of it (else ``torch``'s)."""
+def _own_generator_order(plan, generator, algorithm, world):
+    """Where one process shuffles from a fresh seeded generator, PyTorch's exact order of it (``algorithm``)."""
     if world.size == 1 and generator is not None and _fresh(generator):
-        plan.update(shuffle_algorithm=persistent, seed=int(generator.initial_seed()))
+        plan.update(shuffle_algorithm=algorithm, seed=int(generator.initial_seed()))
 
 
 def loader_plan(length, batch_size, shuffle, sampler, batch_sampler, drop_last, generator, world, persistent=False):
