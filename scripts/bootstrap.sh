@@ -56,12 +56,13 @@ echo "bootstrap: installing stager and its dependencies into .venv"
 # one inside lightning and torchmetrics) fails. Only there, a .pth file makes
 # every interpreter of this venv define the two operator schemas that
 # torchvision's import needs, just before its first import
-# (iterators/_torchvision_import.py). Where torchvision imports, nothing is written.
+# (iterators/_torchvision_import.py); a checkout without the hook makes the
+# line a no-op. Where torchvision imports, nothing is written.
 site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 rm -f "$site/stager-torchvision.pth"
 if ! .venv/bin/python -c 'import torchvision' >/dev/null 2>&1; then
   echo "bootstrap: torchvision cannot load its operators beside this torch; adding $site/stager-torchvision.pth"
-  echo 'import sys; exec("try:\n import iterators._torchvision_import as m; m.install()\nexcept ImportError: pass")' \
+  echo 'import sys; exec("try:\n import iterators._torchvision_import as m; m.install()\nexcept Exception: pass")' \
     > "$site/stager-torchvision.pth"
   .venv/bin/python -c 'import torchvision'
 fi

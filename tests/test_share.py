@@ -167,7 +167,9 @@ def test_two_mpi_jobs_of_two_ranks_share_files_and_decoding_rank_by_rank(group):
     """Under mpiexec every rank attaches on its own; rank r of one job and rank r of the other
     read the same stream, so each minibatch is decoded once."""
     with Opens(group["tmp"] / "data") as opens:
-        procs = start_staggered(group, ["a", "b"], ranks=2)
+        # Job b starts once job a delivered a minibatch; two ranks under mpiexec take seconds to start on a
+        # slow machine, so a's steps are long enough (18 of 300 ms) for b to find it still running.
+        procs = start_staggered(group, ["a", "b"], ranks=2, compute_ms=300)
         reports = [finish(p) for p in procs]
         assert_service_gone(group)
         read = {path: n for path, n in opens.count().items() if path.endswith(".npy")}
