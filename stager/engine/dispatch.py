@@ -95,6 +95,11 @@ class Dispatch:
         """The prefetchers' time on ``request``'s tasks, forgotten once asked."""
         return sum(self.task_time.pop(t, None) or 0.0 for t in request.tasks)
 
+    def forget(self, request):
+        """``request``'s tasks' times, no longer to be asked for (it was read, or its client left)."""
+        for task in request.tasks:
+            self.task_time.pop(task, None)
+
     def clear(self):
         """No task is handed out any more (staging failed)."""
         self.deadlines.clear()

@@ -218,7 +218,7 @@ class ServiceLoop:
         """A request's minibatch was read (or its client left): its files go once ``ReadPins`` lets them."""
         if request is None:
             return
-        self.dispatch.seconds(request)  # its tasks' times are of no more use
+        self.dispatch.forget(request)
         if request in self.admitting:  # its client left before it could be admitted
             self.admitting.remove(request)
         self.unpin(self.pins.read(request.conn, request.seq))
