@@ -131,7 +131,7 @@ def test_report_prints_the_summary_and_draws_every_plot(runs, tmp_path):
     import matplotlib.image
 
     names = sorted(os.listdir(plots))
-    assert names == ["ranks.png", "stalls.png", "timeline.png"]
+    assert names == ["counts.png", "ranks.png", "stalls.png", "timeline.png"]
     for name in names:
         path = plots / name
         data = path.read_bytes()

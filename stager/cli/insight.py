@@ -18,6 +18,10 @@ def comma_numbers(kind):
     return parse
 
 
+def _count_or_auto(text):
+    return text if text == "auto" else int(text)
+
+
 def _cmd_report(args):
     from .simulate import report_simulation
     from ..telemetry import load_report
@@ -94,7 +98,7 @@ def add_insight_parsers(sub):
                                    "or 'stager simulate --json', whose table and plot it shows again) "
                                    "and print the stall fraction, the bottleneck stage, each rank's time, the "
                                    "time to the first minibatch and advice tied to the measured rates; draw "
-                                   "timeline.png, stalls.png and ranks.png.")
+                                   "timeline.png, stalls.png, ranks.png and counts.png.")
     p.add_argument("run", metavar="RUN.json", help="the run's report")
     p.add_argument("--plots", metavar="DIR", help="where the PNG plots go (default: RUN-plots/ beside RUN.json)")
     p.add_argument("--no-plots", action="store_true", help="text only")
@@ -130,7 +134,9 @@ def add_insight_parsers(sub):
     p.add_argument("--report", metavar="RUN.json", help="a stager run --report whose totals refine the calibration")
     p.add_argument("--calibration", metavar="FILE.json", help="a calibration saved with --save")
     p.add_argument("--save", metavar="FILE.json", help="write the calibration")
-    p.add_argument("--prefetchers", type=comma_numbers(int), help="prefetcher counts (default 1,2,4,8,16)")
+    p.add_argument("--prefetchers", type=comma_numbers(_count_or_auto),
+                   help="prefetcher counts, 'auto' among them for the count auto settles at for each source "
+                        "(default 1,2,4,8,16)")
     p.add_argument("--readers", type=comma_numbers(int), help="reader counts (default: the cores)")
     p.add_argument("--open-ms", type=comma_numbers(float), help="latencies per open (default: measured)")
     p.add_argument("--mbps", type=comma_numbers(float), help="bandwidths in MB/s, 0 unlimited (default: measured)")

@@ -11,6 +11,7 @@ order by sequence number whoever decodes them).
 """
 
 import logging
+import os
 import time
 from dataclasses import replace
 
@@ -18,6 +19,7 @@ from . import perf
 from .perf import cpu_ticks
 from .. import telemetry as tm
 from ..errors import StageError
+from .limits import workers_room
 from ..sources.deadline import within
 from ..world import agree
 
@@ -76,8 +78,17 @@ def reader_limit(rates):
 
 
 def prefetcher_limit(rates):
-    """The most prefetchers ``auto`` may grow to."""
-    return perf.count_limits(rates)[0]
+    """The most prefetchers ``auto`` may grow to (memory allowing), whatever the source's pace."""
+    return perf.count_limits(replace(rates, bandwidth=0.0))[0]
+
+
+def source_limit(rates):
+    """``(seconds per file) -> prefetchers``: the most worth having at the time per file measured.
+
+    The bandwidth the probe saw bounds them at the time each file takes now,
+    so a source that slows down (each open waits longer) allows more.
+    """
+    return lambda per_file: perf.count_limits(rates, per_file=per_file)[0]
 
 
 class PoolResizer:
@@ -90,12 +101,15 @@ class PoolResizer:
         telemetry: Where ``RESIZED`` events go.
         before_grow: Optional callable ``(count)`` returning ``(keep_fds, owned)``
             for that many new workers, made before they start (readers' rings).
+        limit: Optional callable ``(seconds per item) -> size`` below ``high``
+            (``source_limit``).
     """
 
-    def __init__(self, pool, stage, high, telemetry, before_grow=None):
+    def __init__(self, pool, stage, high, telemetry, before_grow=None, limit=None):
         self.pool = pool
         self.stage = stage
-        self.tuner = perf.Tuner(pool.size, 1, max(high, pool.size))
+        # The cores ``cpu_ticks`` reads: what a worker's CPU seconds are a share of.
+        self.tuner = perf.Tuner(pool.size, 1, max(high, pool.size), limit=limit, cores=len(os.sched_getaffinity(0)))
         self.telemetry = telemetry
         self.before_grow = before_grow
         self._ticks = cpu_ticks()  # the cores' clock ticks when the tuner's window began
@@ -103,8 +117,8 @@ class PoolResizer:
     def asked(self, items):
         self.tuner.asked(items, time.monotonic())
 
-    def finished(self, items, seconds):
-        self.tuner.finished(items, seconds)
+    def finished(self, items, seconds, cpu_s=None):
+        self.tuner.finished(items, seconds, cpu_s)
 
     def resize(self):
         """Applies the tuner's decision, if any; True when the pool changed (wait on its new ``conns``)."""
@@ -121,10 +135,15 @@ class PoolResizer:
             return False
         change = decision.count - self.pool.size
         if change > 0:
+            # Each worker costs this process a few descriptors: growth stops short of its open-files limit.
+            change = min(change, workers_room())
+        if change > 0:
             keep_fds, owned = self.before_grow(change) if self.before_grow else ((), ())
             self.pool.grow(change, keep_fds, owned)
-        else:
+        elif change < 0:
             self.pool.shrink(-change)
+        else:
+            return False
         self.tuner.count = self.pool.size
         self.tuner.restart(time.monotonic())  # judge the new size on a window of its own
         self._ticks = cpu_ticks()

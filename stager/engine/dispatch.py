@@ -12,6 +12,9 @@ from .messages import StageTask
 from .. import telemetry as tm
 
 
+AUTO_TASKS = 16  # the fewest tasks a minibatch is split into for an ``auto`` pool
+
+
 def split_tasks(missing, prefetchers, files_per_task):
     """Splits a minibatch's missing files into prefetcher tasks.
 
@@ -39,7 +42,7 @@ class Dispatch:
         self.catalog = service.catalog.files
         self.next_task = 0
         self.task_time = {}  # task id -> seconds, until its request is answered
-        self.deadlines = DeadlineQueue(service.pool.tasks.put)
+        self.deadlines = DeadlineQueue(service.pool.tasks.put, service.staging.node_schedule == "deadline")
 
     def files(self, indices):
         """What a task carries for each file: ``(index, path, bytes, mtime)``."""
@@ -61,7 +64,7 @@ class Dispatch:
             ask, missing = s.peers.route(missing, self.catalog.sizes[missing])
             for owner, indices in s.peers.by_owner(ask):  # one task per holder
                 s.peers.submit(self._new(request), request.epoch, request.step, owner, self.files(indices))
-        for chunk in split_tasks(missing, s.pool.size, s.staging.files_per_task):
+        for chunk in split_tasks(missing, self.split, s.staging.files_per_task):
             task = self._new(request)
             self.deadlines.push(request.seq, task, StageTask(task, request.epoch, request.step, self.files(chunk)))
         self.feed()
@@ -85,7 +88,18 @@ class Dispatch:
             self.deadlines.done(msg.task)
             self.feed()
             if self.s.resizer is not None:
-                self.s.resizer.finished(len(msg.done), msg.seconds)
+                self.s.resizer.finished(len(msg.done), msg.seconds, msg.cpu_s)
+
+    @property
+    def split(self):
+        """Tasks a minibatch's missing files are split into (with ``files_per_task`` 0).
+
+        As many as prefetchers; an ``auto`` pool's tasks are finer: it may grow
+        before they are handed out, and tasks sized for the smaller pool would
+        leave the new prefetchers without work.
+        """
+        size = self.s.pool.size
+        return size if self.s.resizer is None else max(size, AUTO_TASKS)
 
     def feed(self):
         """Keeps each prefetcher of the pool, as large as it is now, given its next task."""

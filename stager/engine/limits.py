@@ -80,6 +80,18 @@ def check_worker_counts(staging, reader, local_size, leader):
         raise ConfigError(message)
 
 
+def workers_room():
+    """Workers this process can still start within its open-files limit (``RLIMIT_NOFILE``), now."""
+    nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if nofile == resource.RLIM_INFINITY:
+        return 1 << 30
+    try:
+        used = len(os.listdir("/proc/self/fd"))
+    except OSError:
+        return 1 << 30  # not known: the limits checked at start stand
+    return max(0, (nofile - used - FD_HEADROOM) // FDS_PER_WORKER)
+
+
 def _user_tasks():
     """Processes and threads of this real user: what RLIMIT_NPROC counts."""
     uid, total = str(os.getuid()), 0

@@ -179,6 +179,8 @@ class Staged:
     ``route`` says where the bytes came from: ``source`` (the shared file
     system), ``peer`` (another node leader's copy) or ``fallback`` (the
     shared file system, because the leader holding the file stalled or left).
+    ``cpu_s``: the prefetcher's CPU seconds on the task, where it can tell
+    them apart (one task at a time), else None.
     """
 
     task: int
@@ -187,6 +189,7 @@ class Staged:
     seconds: float
     epoch: int
     route: str = "source"
+    cpu_s: Optional[float] = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,6 +21,7 @@ import threading
 import time
 import weakref
 
+from . import autocounts
 from .coordinator import END, Batch, Channels
 from .messages import Consumed
 from .shutdown import close_abandoned, halt, stop
@@ -74,6 +75,7 @@ class Pipeline(Startup):
         self._asked = config.staging  # as configured, before ``auto`` counts are resolved
         self._world_cfg = config.world
         self._auto = None  # with an auto count, the probe's model.Rates (after start)
+        self._in_flight = 1  # files each prefetcher fetches at once (the source's, after start)
         self.world = world
         self.catalog = catalog
         self.stats = Stats()
@@ -105,6 +107,26 @@ class Pipeline(Startup):
         pools may change while running (``telemetry.RESIZED`` events).
         """
         return self._staging.prefetchers, self._reader.workers
+
+    @property
+    def in_flight(self):
+        """Files each prefetcher fetches at once, in threads (``dataset.requests_in_flight`` resolved)."""
+        return self._in_flight
+
+    def counts_timeline(self):
+        """The counts as they started and after each change: ``[{"t", "prefetchers", "in_flight", "readers"}]``.
+
+        ``t`` is seconds since the pipeline started. Prefetchers are the node's
+        (0 with staging off); their changes are seen on the node's leader.
+        """
+        prefetchers, readers = self.counts
+        row = {"t": 0.0, "prefetchers": prefetchers if self._staging.enabled else 0, "in_flight": self._in_flight,
+               "readers": readers}
+        rows = [dict(row)]
+        for t, _, stage, size, _ in self.stats.telemetry.events([tm.RESIZED]):
+            row.update({"t": round(t, 4), "prefetchers" if stage == autocounts.PREFETCH else "readers": size})
+            rows.append(dict(row))
+        return rows
 
     @property
     def capacity(self):

@@ -89,10 +89,12 @@ class StagingService(Doorway):
         peers: The node leader's ``peers.Peers`` (``staging.peers``), or None.
         auto_limit: With ``staging.prefetchers: auto``, the most prefetchers
             the pool may grow to while running; None: a fixed count.
+        source_limit: With ``auto_limit``, an optional callable ``(seconds
+            per file) -> prefetchers`` below it (``autocounts.source_limit``).
     """
 
     def __init__(self, staging, processes, catalog, source, local_dir, remote_clients, telemetry, cache,
-                 on_staged=None, keep_fds=(), peers=None, auto_limit=None):
+                 on_staged=None, keep_fds=(), peers=None, auto_limit=None, source_limit=None):
         super().__init__()
         self.staging = staging
         self.cache = cache
@@ -106,6 +108,7 @@ class StagingService(Doorway):
         self.keep_fds = keep_fds
         self.peers = peers
         self.auto_limit = auto_limit
+        self.source_limit = source_limit
         self.resizer = None  # an autocounts.PoolResizer with auto_limit
         self.address = _socket_address(local_dir) if remote_clients else None
         self.authkey = secrets.token_bytes(32)
@@ -128,7 +131,7 @@ class StagingService(Doorway):
         self.pool = WorkerPool(ctx, "prefetch", "stager-prefetch", self.staging.prefetchers, prefetcher_main,
                                (self.source, self.local_dir, self.progress), self.keep_fds)
         if self.auto_limit:
-            self.resizer = PoolResizer(self.pool, PREFETCH, self.auto_limit, self.telemetry)
+            self.resizer = PoolResizer(self.pool, PREFETCH, self.auto_limit, self.telemetry, limit=self.source_limit)
         if self.peers is not None:
             self.peers.start()
         if self.remote_clients:

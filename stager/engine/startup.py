@@ -59,6 +59,7 @@ class Startup:
         spec, minibatches = self._rank_plan()
         ch, ctx = self._ch, multiprocessing.get_context(self._processes.start_method)
         source = open_source(self.catalog.root, self._dataset, self._staging.verify)
+        self._in_flight = getattr(source, "concurrency", 1)
         if not self._staging.enabled or world.node_leader:
             try:
                 # Workers forked from here inherit what the source prepares (an object store's session).
@@ -175,7 +176,7 @@ class Startup:
                 peers.keep_in(cache)
             ch.service = StagingService(self._staging, self._processes, self.catalog, source, path, ranks - 1,
                                         self.stats.telemetry, cache, self._on_staged, self._jobdir.keep_open(),
-                                        peers, auto_limit)
+                                        peers, auto_limit, autocounts.source_limit(self._auto) if auto_limit else None)
             ch.client = ch.service.start(ctx)
             return path, ch.service.address, ch.service.authkey, ahead
 

@@ -75,7 +75,7 @@ def prefetcher_main(worker, parent_pid, tasks, reply, stop, source, dst_root, pr
     for task in _tasks(tasks, stop, parent_pid):
         if failed:
             continue
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         done = []
         rel = None
         try:
@@ -95,7 +95,8 @@ def prefetcher_main(worker, parent_pid, tasks, reply, stop, source, dst_root, pr
         finally:
             if progress is not None:
                 progress.idle(worker)
-        reply.send(Staged(task.task, worker, done, time.perf_counter() - start, task.epoch))
+        reply.send(Staged(task.task, worker, done, time.perf_counter() - start, task.epoch,
+                          cpu_s=time.process_time() - cpu))
 
 
 def reader_main(worker, parent_pid, tasks, reply, stop, root, loader, loader_options, rings):

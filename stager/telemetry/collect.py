@@ -3,7 +3,9 @@
 ``stager run --report`` and the front ends' ``report()`` write the same JSON:
 the job's totals (``Stats.summary`` keys, summed over ranks), one entry per
 rank under ``ranks``, and the accounting (``accounting.py``) under
-``per_rank``, ``stages`` and ``nodes``.
+``per_rank``, ``stages`` and ``nodes``. ``counts_timeline`` (rank 0's at the
+top, each rank's under ``ranks``) lists the pools' sizes at start and after
+every change ``auto`` made.
 """
 
 import json
@@ -32,6 +34,7 @@ def rank_summary(pipe, wall_s=None, *, loop_begin=None, loop_end=None, compute_s
     accounting = pipe.accounting(loop_begin, loop_end)
     summary.update(pipe.stats.summary(accounting["wall_s"] if wall_s is None else wall_s))
     summary["accounting"] = accounting
+    summary["counts_timeline"] = pipe.counts_timeline()
     summary["compute_s"] = round(summary["accounting"]["compute_s"] if compute_s is None else compute_s, 4)
     return summary
 
@@ -79,7 +82,7 @@ def combine_ranks(summaries):
     total["stall_fraction"] = round(total["stall_s"] / total["wall_s"], 4) if total["wall_s"] else 0.0
     total["samples_per_s"] = round(total["samples"] / total["wall_s"], 2) if total["wall_s"] else 0.0
     total["ranks"] = [{k: s[k] for k in ("rank", "node", "batches", "samples", "files_staged", "wall_s",
-                                         "stall_s")} for s in summaries]
+                                         "stall_s", "counts_timeline")} for s in summaries]
     # Only node leaders have cache counters: one table per node, and the job's per epoch.
     total["node_cache"] = {s["node"]: s["cache"] for s in summaries if s["cache"]}
     total["cache"] = combine_cache(total["node_cache"].values())

@@ -3,7 +3,9 @@
 - ``timeline.png``: per rank, the share of each stage's workers busy and of
   the consumer's time spent waiting, over the run;
 - ``stalls.png``: the wait in ``next()`` and the compute of every step, per rank;
-- ``ranks.png``: each rank's loop split into compute, wait and other.
+- ``ranks.png``: each rank's loop split into compute, wait and other;
+- ``counts.png``: the requests the prefetchers keep out and the readers, over
+  the run (``auto`` changes them; flat for fixed counts).
 """
 
 import os
@@ -94,9 +96,33 @@ def ranks(report, path):
     plt.close(fig)
 
 
+def counts(report, path):
+    plt = pyplot()
+    rows = report.get("counts_timeline") or []
+    end = max([report["wall_s"]] + [c["t"] for c in rows])
+    fig, ax = plt.subplots(figsize=(10, 3.2))
+    if rows:
+        t = [c["t"] for c in rows] + [end]
+        ax.step(t, [c["prefetchers"] * c["in_flight"] for c in rows] + [rows[-1]["prefetchers"] *
+                                                                         rows[-1]["in_flight"]],
+                where="post", color="tab:blue", label="requests out (prefetchers x in flight each)")
+        ax.step(t, [c["readers"] for c in rows] + [rows[-1]["readers"]], where="post", color="tab:orange",
+                label="readers")
+        ax.legend(fontsize=8, loc="upper left")
+    ax.set_xlim(0, end)
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("seconds since the pipeline started")
+    ax.set_ylabel("count")
+    ax.set_title(f"counts over the run (rank 0's node; {max(0, len(rows) - 1)} change(s))", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 PLOTS = (("timeline of stage activity and stalls", "timeline.png", timeline),
          ("stall per step", "stalls.png", stalls),
-         ("breakdown per rank", "ranks.png", ranks))
+         ("breakdown per rank", "ranks.png", ranks),
+         ("counts over the run", "counts.png", counts))
 
 
 def make_plots(report, directory):

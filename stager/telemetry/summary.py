@@ -42,6 +42,18 @@ def group_lines(report):
             "published for the others"]
 
 
+def count_lines(report):
+    """The pools' sizes over the run (``counts_timeline``), where ``auto`` changed them."""
+    timeline = report.get("counts_timeline") or []
+    if len(timeline) < 2:
+        return []
+    lines = ["", f"counts over the run (rank 0's node; {len(timeline) - 1} change(s)):"]
+    rows = [(f"{c['t']:.2f}", c["prefetchers"], c["in_flight"], c["prefetchers"] * c["in_flight"], c["readers"])
+            for c in timeline]
+    return lines + ["  " + x for x in _table(rows, ("s", "prefetchers", "in flight each", "requests out",
+                                                    "readers"))]
+
+
 def render(report, plots=()):
     """The report's text.
 
@@ -86,6 +98,7 @@ def render(report, plots=()):
     if len(ranks) > 1:
         lines.append(f"  imbalance: waits from {min(waits):.2f} s to {max(waits):.2f} s "
                      f"({(max(waits) - min(waits)) / max(report['wall_s'], 1e-9):.1%} of the wall time)")
+    lines += count_lines(report)
     lines += ["", "advice:"] + [f"  - {a}" for a in verdict.advice]
     if plots:
         lines += ["", "plots:"] + [f"  {p}" if isinstance(p, str) else f"  {p[0]}: {p[1]}" for p in plots]

@@ -2,7 +2,7 @@
 
 Pure equations over measured rates (``equations``), a short probe of a
 source and the cores' load (``probe``), and the counts ``auto`` starts with
-and adjusts while running (``tune``). The ``stager whatif`` tool and the
+(``start``) and adjusts while running (``tune``). The ``stager whatif`` tool and the
 simulator read the same model (``stager.model``).
 
 May import: ``errors``, ``formats``.
@@ -10,7 +10,8 @@ May import: ``errors``, ``formats``.
 
 from .equations import Prediction, Rates, Settings, per_file_s, predict, predict_run
 from .probe import cpu_ticks, machine, probe
-from .tune import Decision, Tuner, choose_counts, count_limits
+from .start import choose_counts, count_limits
+from .tune import Decision, Tuner
 
 __all__ = ["Decision", "Prediction", "Rates", "Settings", "Tuner", "choose_counts", "count_limits", "cpu_ticks",
            "machine", "per_file_s", "predict", "predict_run", "probe"]

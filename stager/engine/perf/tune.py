@@ -1,16 +1,8 @@
-"""Counts from the model (``auto``): at start from a probe, while running from measured rates.
+"""Counts from the model (``auto``) while running: a ``Tuner`` per pool, from measured rates.
 
-At start, ``choose_counts`` asks the equations how fast the rest of the
-pipeline can go with the cores there are (the compute is not known yet, so
-as fast as reading and the CPU allow), and gives the readers and the
-prefetchers that rate with some headroom: by Little's law a pool that must
-serve ``rate`` items a second, each keeping a worker ``t`` seconds, needs
-``rate x t`` workers. The CPU's share comes from the probe process's CPU
-per file (system calls included), and the headroom never goes past the rate
-the cores allow, so the pool starts at about the count beyond which the
-cores, not the source, would set the pace.
+The counts a pool starts with come from ``start.choose_counts``.
 
-While running, a ``Tuner`` per pool applies the same law to what it measures
+A ``Tuner`` per pool applies Little's law to what it measures
 over a window (not over the pool's start, until every worker has finished
 an item): the items asked for per second (the demand), the worker seconds
 each item took, and, where the caller can read it, how busy the machine's
@@ -21,9 +13,17 @@ by the pool itself, and the cores decide the step:
 - cores with room: every item costs them about the same, so they allow
   ``CORES_FULL / busy`` times the items/s, and at the same time per item
   that takes as many times the workers (at most twice);
+- workers *waiting* (their reported CPU under half of their busy time: a
+  slow source): each takes the share of the cores it used, and the room
+  left takes that many more (at most ``IDLE_STEP`` times, as where the
+  cores are mostly idle: every window at the old size is a stall);
 - cores full: none; more workers would only queue for them (and there the
   items/s hardly depend on the count, so a step could not be judged);
+  waiting workers, which cost them little, twice the pool;
 - load unknown: a quarter more.
+
+The largest size may follow the time per item (``limit``: the source's
+bandwidth allows more prefetchers when each file takes longer).
 
 Growth must pay, judged once the pool has grown by a quarter over windows
 in a row (a smaller growth promises less than a window's noise): workers as
@@ -33,20 +33,19 @@ less than half of that, the items/s the larger pool got is the pace of
 something more workers cannot add (the cores); the pool goes to the size
 Little's law gives at that pace with the smaller pool's time per item (never
 below the smaller pool), and no higher until the time per item leaves, by
-half, what the two sizes measured (the source or the load changed). It
-shrinks only well below its size, after two quiet windows and by half at
-most (hysteresis), so noise does not make it oscillate. The caller
-resizes the pool between minibatches.
+half, what the two sizes measured (the source or the load changed); while
+the cores have room and the source's limit bounds the pool, a growth that
+did not pay is the window's noise, not a ceiling. It shrinks only well
+below its size, after two quiet windows (each judged alone) and by half at
+most (hysteresis), so noise does not make it oscillate; an idle pool is
+judged too. The caller resizes the pool between minibatches.
 """
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-from .equations import Settings, per_file_s, predict
+from .start import HEADROOM, bounded as _bounded
 
-HEADROOM = 1.3          # workers beyond the law's count: rates vary file to file
-PROCESS_BYTES = 64 << 20  # memory a worker process takes, for the upper bound
-MAX_PREFETCHERS = 64
 PAID = 0.5              # share of the items/s a growth promised that it must deliver to stay
 # A saturated pool's step where the cores' load is not known, and the growth judged at once
 # (a smaller one promises less than a window's noise). The pool starts near the cores' pace,
@@ -54,61 +53,12 @@ PAID = 0.5              # share of the items/s a growth promised that it must de
 # forks pauses the service thread (4-7 ms on the 2-core development machine).
 GROWTH = 1.25
 CORES_FULL = 0.9        # cores this busy are saturated: the rest is gaps between processes' turns
-_UNBOUNDED = 1 << 30  # prefetchers enough that fetching sets no limit
-
-
-def _bounded(count, low, high):
-    return int(max(low, min(high, count)))
-
-
-def count_limits(rates, max_prefetchers=MAX_PREFETCHERS):
-    """``(max_prefetchers, max_readers)`` this machine and source allow.
-
-    Readers decode: more than the cores only queue for them. Prefetchers
-    mostly wait: beyond the count that fills the source's bandwidth they add
-    nothing (allowed twice that, for the probe's error). Both together must fit in half the available memory.
-    """
-    readers = max(1, int(rates.cores))
-    prefetchers = max_prefetchers
-    if rates.bandwidth > 0 and rates.file_bytes > 0:
-        # Twice the count that fills the bandwidth: eight files read at once can underestimate it.
-        prefetchers = min(prefetchers, math.ceil(2 * per_file_s(rates) * rates.bandwidth / rates.file_bytes) + 1)
-    if rates.memory:
-        room = max(2, int(rates.memory / 2 // PROCESS_BYTES))
-        readers = min(readers, max(1, room // 4))
-        prefetchers = min(prefetchers, max(1, room - readers))
-    return max(1, prefetchers), readers
-
-
-def choose_counts(rates, miss=1.0, max_prefetchers=MAX_PREFETCHERS):
-    """The prefetchers and readers ``auto`` starts with.
-
-    Args:
-        rates: A ``Rates`` from a probe (``probe.probe``).
-        miss: Fraction of files to fetch (1: a cold cache).
-        max_prefetchers: Upper bound for the prefetchers.
-
-    Returns:
-        ``(prefetchers, readers)``.
-    """
-    if rates.cpu_s > 0:
-        # The probe's copy time is a wall time among threads that share the cores; its CPU
-        # per file is the steadier measure of a file's own cost (what is not decoding is fetching).
-        rates = replace(rates, copy_s=max(0.0, rates.cpu_s - rates.read_s))
-    p_max, r_max = count_limits(rates, max_prefetchers)
-    b = rates.batch_size
-    # The rate reading and the CPU allow (fetching's CPU included), with every reader there may be
-    # and as many prefetchers as it takes.
-    best = predict(rates, Settings(prefetchers=_UNBOUNDED, readers=r_max, miss=miss))
-    per_batch = b * rates.read_s + rates.batch_s
-    readers = _bounded(math.ceil(best.samples_per_s / b * per_batch * HEADROOM), 1, r_max)
-    rate = predict(rates, Settings(prefetchers=_UNBOUNDED, readers=readers, miss=miss))
-    # The compute is not known before the run: the pool starts at what the rest allows (the
-    # running tuner shrinks it when the training step is slower), with headroom, but never
-    # past the rate the cores allow: beyond that, more prefetchers only wait for a core.
-    files = min(rate.samples_per_s * HEADROOM, rate.cpu_rate) * miss
-    prefetchers = _bounded(math.ceil(files * per_file_s(rates)), 1, p_max)
-    return prefetchers, readers
+SAME_ITEM = 1.2         # times per item within this factor of each other are the same (a window's noise)
+IDLE_CORES = 0.5        # cores less busy than this are mostly idle: a saturated pool may grow faster
+IDLE_STEP = 8           # the most a pool grows in one window where the cores are mostly idle
+WAITING = 0.5           # workers on a core less than this share of their busy time are waiting, not working
+BACKLOG = 4             # items waiting per worker that show a pool held back even when it looks half idle
+IDLE_WINDOWS = 2        # windows with nothing asked and nothing to do after which an idle pool is judged
 
 
 @dataclass
@@ -137,10 +87,17 @@ class Tuner:
         high: Largest size.
         window_s: Shortest time between decisions.
         min_items: Fewest items finished in a window to decide on.
+        limit: Optional callable ``(seconds per item) -> size``: the most
+            worth having at the time per item measured (the source's
+            bandwidth for prefetchers), below ``high``; None: ``high``.
+        cores: The cores the pool's workers share (with ``finished``'s
+            ``cpu_s``: what a worker costs them), or None.
     """
 
-    def __init__(self, count, low, high, window_s=0.25, min_items=8):
+    def __init__(self, count, low, high, window_s=0.25, min_items=8, limit=None, cores=None):
         self.count, self.low, self.high = count, low, high
+        self.limit, self.cores = limit, cores
+        self._cpu_s = None  # the workers' CPU seconds over the window, where they report it
         self.window_s, self.min_items = window_s, min_items
         self._since = None
         self._asked = self._done = 0
@@ -159,10 +116,12 @@ class Tuner:
         self._asked += items
         self.outstanding += items
 
-    def finished(self, items, busy_s):
-        """A worker finished ``items`` in ``busy_s`` seconds."""
+    def finished(self, items, busy_s, cpu_s=None):
+        """A worker finished ``items`` in ``busy_s`` seconds, ``cpu_s`` of them on a core (if known)."""
         self._done += items
         self._busy_s += busy_s
+        if cpu_s is not None:
+            self._cpu_s = (self._cpu_s or 0.0) + cpu_s
         self.outstanding = max(0, self.outstanding - items)
 
     def _paid(self, rate):
@@ -175,20 +134,38 @@ class Tuner:
         promised = before_rate * (self.count / before - 1)
         return rate - before_rate >= PAID * promised
 
-    def _step(self, cores_busy):
+    def _waiting(self):
+        """Whether the pool's workers spent most of their busy time off the cores (waiting on a source)."""
+        return self._cpu_s is not None and self._busy_s > 0 and self._cpu_s < WAITING * self._busy_s
+
+    def _step(self, cores_busy, elapsed):
         """The size a saturated pool goes to, by how busy the cores were (see the module's text)."""
         if cores_busy is None:
             return math.ceil(GROWTH * self.count)  # the next window judges a step
+        waiting = self._waiting()
         if cores_busy >= CORES_FULL:
-            return self.count  # the cores, not the pool, hold the items back: more would queue for them
-        # Every item costs the cores about the same, so they allow the items/s they gave times
-        # CORES_FULL / cores_busy; Little's law at the same time per item: as many more workers.
-        fill = math.ceil(self.count * CORES_FULL / cores_busy) if cores_busy > 0 else 2 * self.count
-        return min(2 * self.count, max(self.count + 1, fill))
+            # The cores, not the pool, hold the items back: more would queue for them. Workers
+            # that wait cost them little: twice the pool, which the next windows judge.
+            return 2 * self.count if waiting else self.count
+        # Twice the pool at most; more where its workers wait or the cores are mostly idle:
+        # the items wait on something that costs no CPU (a source slower than before), and
+        # every window at the old size is a stall.
+        most = IDLE_STEP if waiting or cores_busy < IDLE_CORES else 2
+        if waiting and self.cores:
+            # Little's law on the cores: each worker takes the share of them it used; the
+            # room left takes that many more.
+            share = self._cpu_s / (elapsed * self.cores * self.count)
+            room = CORES_FULL - cores_busy
+            fill = math.ceil(self.count + room / share) if share > 0 else most * self.count
+        else:
+            # Every item costs the cores about the same, so they allow the items/s they gave times
+            # CORES_FULL / cores_busy; Little's law at the same time per item: as many more workers.
+            fill = math.ceil(self.count * CORES_FULL / cores_busy) if cores_busy > 0 else most * self.count
+        return min(most * self.count, max(self.count + 1, fill))
 
     def restart(self, now):
         """Starts a new window at ``now``: the pool was just resized (starting workers takes time)."""
-        self._since, self._asked, self._done, self._busy_s = now, 0, 0, 0.0
+        self._since, self._asked, self._done, self._busy_s, self._cpu_s = now, 0, 0, 0.0, None
 
     def due(self, now):
         """Whether a window has enough to go on (``decide`` would decide)."""
@@ -196,7 +173,22 @@ class Tuner:
             return False
         if not self._warm:  # the pool's start: over once every worker has finished an item
             return self._done >= max(self.min_items, self.count)
+        if self.outstanding == 0 and now - self._since >= IDLE_WINDOWS * self.window_s:
+            return True  # nothing asked, nothing to do: an idle pool is judged too, or it would never shrink
         return now - self._since >= self.window_s and self._done >= self.min_items
+
+    def _noise(self, cores_busy, window_per_item):
+        """Whether a growth that did not pay was held back by nothing more workers cannot add.
+
+        Cores known to have room, and each item as long as before the growth:
+        the shortfall is the window's count of finished items (tasks of many
+        files end in bursts), not a ceiling. With a ``limit`` (the source's
+        bandwidth at the time per item) an item that got longer is the source
+        slowing down or reaching its bandwidth, which the limit already
+        bounds: the cores' room decides alone.
+        """
+        return (cores_busy is not None and cores_busy < CORES_FULL
+                and (self.limit is not None or window_per_item < SAME_ITEM * self._grew[2]))
 
     def decide(self, now, cores_busy=None):
         """A ``Decision`` once a window has enough to go on, else None; starts the next window.
@@ -212,10 +204,20 @@ class Tuner:
             # The pool's start (its first items' whole latency, the look-ahead asked at once):
             # neither its items/s nor its demand is the run's.
             self._warm = True
+            per_item = self._busy_s / self._done if self._done else 0.0
+            held = cores_busy is not None and cores_busy < IDLE_CORES and self.outstanding > 2 * self.count
+            # Except that work waits while the cores idle: the first items waited on a source
+            # slower than the probe saw, and the pool grows now rather than a window later.
+            step = self._step(cores_busy, max(now - self._since, 1e-3)) if held else self.count
             self.restart(now)
-            return None
+            if not held:
+                return None
+            self.count = _bounded(step, self.low, self.high)
+            return Decision(self.count, 0.0, per_item, 1.0)
         elapsed = now - self._since
-        rate, window_per_item = self._done / elapsed, self._busy_s / self._done
+        rate = self._done / elapsed
+        # An idle window finished nothing: its time per item is the last one measured.
+        window_per_item = self._busy_s / self._done if self._done else (self._per_item or 0.0)
         demand, per_item = self._asked / elapsed, window_per_item
         if self._demand is not None:  # smoothed over windows: one burst must not resize the pool
             demand = (demand + self._demand) / 2
@@ -224,10 +226,17 @@ class Tuner:
         busy = self._busy_s / (self.count * elapsed)
         if self._ceiling is not None and not self._ceiling[1] / 1.5 < window_per_item < self._ceiling[2] * 1.5:
             self._ceiling = None  # outside what both sizes measured, by half: the source or the load changed
-        need = _bounded(math.ceil(demand * per_item * HEADROOM), self.low, self.high)
+        high = self.high
+        if self.limit is not None and per_item > 0:
+            high = max(self.low, min(high, self.limit(per_item)))
+        # The smoothed time per item, or the window's where shorter: a stalled source's seconds
+        # must not keep growing the pool after it recovered (a slowing one grows it as held back).
+        need = _bounded(math.ceil(demand * min(per_item, window_per_item) * HEADROOM), self.low, high)
+        # Shrinking is judged on the window alone (two quiet ones in a row are its hysteresis).
+        need_now = _bounded(math.ceil(self._asked / elapsed * window_per_item * HEADROOM), self.low, high)
         target = self.count
         judge = self._grew is not None and self.count >= GROWTH * self._grew[0]
-        if judge and not self._paid(rate):
+        if judge and not self._paid(rate) and not self._noise(cores_busy, window_per_item):
             # The workers added mostly waited, for something more workers cannot add (the
             # cores): the items/s the pool got is that thing's pace, and Little's law at it
             # with the smaller pool's time per item is the pool it takes. No higher while
@@ -235,24 +244,26 @@ class Tuner:
             before, _, before_per_item = self._grew
             target = _bounded(math.ceil(rate * before_per_item), before, self.count)
             self._ceiling = (target, before_per_item, window_per_item)
-        elif busy > 0.85 and self.outstanding > self.count:
-            # Held back: the demand it saw is only what it let through.
-            target = self._step(cores_busy)
+        elif (busy > 0.85 and self.outstanding > self.count) or (busy > 0.5 and self.outstanding > BACKLOG * self.count):
+            # Held back: the demand it saw is only what it let through. (A backlog of several items
+            # a worker is that too: an item is counted busy when it ends, so a window of items
+            # longer than before, a source slowing down, shows its workers less busy than they were.)
+            target = self._step(cores_busy, elapsed)
             self._idle_windows = 0
         elif need > self.count:
             target = need
             self._idle_windows = 0
-        elif need < 0.6 * self.count and busy < 0.5:
+        elif need_now < 0.6 * self.count and busy < 0.5:
             # Shrink only after two quiet windows in a row, and by half at most.
             self._idle_windows += 1
             if self._idle_windows >= 2:
-                target = max(need, math.ceil(self.count / 2), self.low)
+                target = max(need_now, math.ceil(self.count / 2), self.low)
                 self._idle_windows = 0
         else:
             self._idle_windows = 0
         if self._ceiling is not None and target > self.count:
             target = max(self.count, min(target, self._ceiling[0]))
-        target = _bounded(target, self.low, self.high)
+        target = _bounded(target, self.low, high)
         # Growths are judged once they add up to GROWTH: a smaller one promises less than one
         # window's noise. Growing window after window, the sizes before the first are the base.
         if target <= self.count or judge:
@@ -260,5 +271,5 @@ class Tuner:
         if target > self.count and self._grew is None:
             self._grew = (self.count, rate, window_per_item)
         self.count = target
-        self._since, self._asked, self._done, self._busy_s = now, 0, 0, 0.0
+        self._since, self._asked, self._done, self._busy_s, self._cpu_s = now, 0, 0, 0.0, None
         return Decision(target, demand, per_item, busy)

@@ -1,0 +1,179 @@
+"""``auto`` counts that follow a source whose latency changes mid-run (Lobster's run-time split).
+
+One source directory holds two real FUSE mounts of the emulated slow file
+system, ``fast/`` (1 ms an open) and ``slow/`` (40 ms), and the manifest
+lists one half and then the other; the epoch is read in catalog order. The
+report's ``counts_timeline`` must show the prefetchers' requests raised
+while the slow half is fetched and lowered once the source is fast again;
+every sample must arrive once, in plan order, with the source's bytes.
+"""
+
+import os
+import resource
+import subprocess
+import threading
+
+import pytest
+from conftest import stager_cmd
+
+from stager import plan
+from stager import telemetry as tm
+from stager.config import config_from_dict
+from stager.engine import Pipeline, limits
+from stager.engine.perf.start import MAX_PREFETCHERS
+from stager.job.synth import MANIFEST, make_dataset
+from stager.slowfs import SlowFS
+
+HALF = 384
+BATCH = 32
+
+
+@pytest.fixture(scope="module")
+def halves(tmp_path_factory):
+    """Two backing directories of ``HALF`` small ``.npy`` samples each."""
+    root = tmp_path_factory.mktemp("halves")
+    for seed, name in ((1, "fast"), (2, "slow")):
+        make_dataset(str(root / name), HALF, nbytes=8192, classes=4, seed=seed, progress=False)
+    return root
+
+
+def _source(tmp_path, halves, first):
+    """A source directory with empty mount points ``fast`` and ``slow`` and a manifest, ``first`` half first."""
+    src = tmp_path / "src"
+    for name in ("fast", "slow"):
+        (src / name).mkdir(parents=True)
+    order = (first, "slow" if first == "fast" else "fast")
+    lines = [f"{name}/{line}" for name in order for line in open(halves / name / MANIFEST)]
+    (src / MANIFEST).write_text("".join(lines))
+    return src
+
+
+def _run(src, halves, tmp_path, step_s, on_batch=None, **staging):
+    """Runs one unshuffled epoch with ``auto`` counts; returns ``(batches, timeline, staged indices in order)``."""
+    cfg = config_from_dict({"dataset": {"source": str(src), "manifest": MANIFEST, "loader": "raw"},
+                            "plan": {"batch_size": BATCH, "epochs": 1, "shuffle": False},
+                            "staging": {"local_dir": str(tmp_path / "local"), "prefetchers": "auto",
+                                        "lookahead": 4, **staging},
+                            "reader": {"workers": "auto"}})
+    batches = []
+    done = threading.Event()
+    with Pipeline(cfg) as pipe:
+        for batch in pipe:
+            batches.append((batch.epoch, batch.step, batch.indices.tolist(), batch.samples))
+            if on_batch is not None:
+                on_batch(len(batches))
+            done.wait(step_s)  # the training step (nothing sets it: a fixed compute time)
+        timeline = pipe.counts_timeline()
+        staged = [(t, a) for t, _, a, _, _ in pipe.stats.telemetry.events([tm.STAGED])]
+        catalog = pipe.catalog
+    return batches, timeline, staged, catalog, cfg
+
+
+def _check_records(batches, catalog, cfg, halves):
+    expected = [(m.epoch, m.step, m.indices.tolist()) for m in plan.iterate(len(catalog), cfg.plan)]
+    assert [b[:3] for b in batches] == expected
+    for _, _, indices, samples in batches:
+        for i, (data, label) in zip(indices, samples):
+            with open(halves / catalog.path(i), "rb") as fh:
+                assert data == fh.read(), f"sample {i} differs from {catalog.path(i)}"
+            assert label == catalog.label(i)
+
+
+def _requests(row):
+    return row["prefetchers"] * row["in_flight"]
+
+
+def _requests_at(timeline, t):
+    """The requests kept out at time ``t`` (the last change at or before it)."""
+    return [_requests(r) for r in timeline if r["t"] <= t][-1]
+
+
+@pytest.mark.parametrize("first", ["fast", "slow"])
+def test_requests_rise_while_the_source_is_slow_and_fall_once_it_is_fast(tmp_path, halves, first):
+    src = _source(tmp_path, halves, first)
+    with SlowFS(str(halves / "fast"), str(src / "fast"), open_ms=1.0), \
+            SlowFS(str(halves / "slow"), str(src / "slow"), open_ms=40.0):
+        batches, timeline, staged, catalog, cfg = _run(src, halves, tmp_path, 0.1)
+    _check_records(batches, catalog, cfg, halves)
+    slow = {i for i in range(len(catalog)) if catalog.path(i).startswith("slow/")}
+    slow_times = [t for t, i in staged if i in slow]
+    begin, end = min(slow_times), max(slow_times)
+    start = _requests(timeline[0])
+    # Raised while the slow half is fetched: at least twice the start before half of it was staged.
+    halfway = sorted(slow_times)[len(slow_times) // 2]
+    assert max(_requests(r) for r in timeline if begin <= r["t"] <= halfway) >= 2 * start, (start, timeline)
+    assert all(r["prefetchers"] <= MAX_PREFETCHERS for r in timeline)
+    if first == "slow":
+        # Lowered once the source is fast again (the fast half is read at the training's pace).
+        top = _requests_at(timeline, end)
+        assert any(_requests(r) < top for r in timeline if r["t"] > end), (end, timeline)
+
+
+def test_a_source_that_stalls_for_two_seconds_grows_within_the_open_files_limit_and_comes_back(tmp_path, halves):
+    """Every open of the fast half that starts within 2 s waits 2 s, then opens take 1 ms again.
+
+    The process's open-files limit is lowered so that it, not memory or the
+    source, bounds the growth: the pool must stop short of it (and the run
+    must not fail with EMFILE), and shrink again once the source recovers.
+    """
+    src = _source(tmp_path, halves, "fast")
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    used = len(os.listdir("/proc/self/fd"))
+    room = 10  # workers this process may add: its prefetchers, readers and their descriptors
+    low = used + limits.FD_HEADROOM + limits.FDS_PER_WORKER * room + 32
+    fast_fs = SlowFS(str(halves / "fast"), str(src / "fast"), open_ms=1.0)
+    slow_fs = SlowFS(str(halves / "slow"), str(src / "slow"), open_ms=1.0)
+    timers = []
+
+    def stall(count):
+        if count == 3:  # a few minibatches in: the source hangs for 2 s, then recovers
+            fast_fs.set(open_ms=2000.0)
+            timer = threading.Timer(2.0, fast_fs.set, kwargs={"open_ms": 1.0})
+            timers.append(timer)
+            timer.start()
+
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(low, soft), hard))
+    try:
+        with fast_fs, slow_fs:
+            batches, timeline, staged, catalog, cfg = _run(src, halves, tmp_path, 0.2, on_batch=stall)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        for timer in timers:
+            timer.join()
+    _check_records(batches, catalog, cfg, halves)
+    sizes = [r["prefetchers"] for r in timeline]
+    most = max(sizes)
+    assert most > sizes[0], f"the pool never grew while the source hung: {timeline}"
+    assert most <= (low - limits.FD_HEADROOM) // limits.FDS_PER_WORKER, (low, timeline)
+    top = sizes.index(most)
+    assert min(sizes[top:]) < most, f"the pool did not come back down after the stall: {timeline}"
+
+
+def test_counts_timeline_is_in_the_report(tmp_path, halves):
+    from stager.telemetry import pipeline_report
+
+    src = _source(tmp_path, halves, "slow")
+    with SlowFS(str(halves / "fast"), str(src / "fast"), open_ms=1.0), \
+            SlowFS(str(halves / "slow"), str(src / "slow"), open_ms=30.0):
+        cfg = config_from_dict({"dataset": {"source": str(src), "manifest": MANIFEST, "loader": "raw"},
+                                "plan": {"batch_size": BATCH, "epochs": 1, "shuffle": False},
+                                "staging": {"local_dir": str(tmp_path / "local"), "prefetchers": "auto"},
+                                "reader": {"workers": 1}})
+        with Pipeline(cfg) as pipe:
+            for _ in pipe:
+                pass
+            report = pipeline_report(pipe, cfg, str(tmp_path / "r.json"))
+    rows = report["counts_timeline"]
+    assert rows[0]["t"] == 0.0 and rows[0]["readers"] == 1 and rows[0]["in_flight"] == 1
+    assert all(set(r) == {"t", "prefetchers", "in_flight", "readers"} for r in rows)
+    assert [r["t"] for r in rows] == sorted(r["t"] for r in rows)
+    assert {r["readers"] for r in rows} == {1}, "fixed readers never change"
+    assert len(rows) > 1 and len({r["prefetchers"] for r in rows}) > 1
+    # ``stager report`` lists every change beside the rest.
+    out = subprocess.run(stager_cmd("report", str(tmp_path / "r.json"), "--no-plots"), capture_output=True,
+                         text=True, check=True, timeout=120).stdout
+    table = out.split("counts over the run")[1].split("advice:")[0]
+    assert f"{len(rows) - 1} change(s)" in table
+    lines = [line.split() for line in table.splitlines()[1:] if line.strip()]
+    assert lines[0][:2] == ["s", "prefetchers"]
+    assert [(float(x[0]), int(x[1])) for x in lines[1:]] == [(round(r["t"], 2), r["prefetchers"]) for r in rows]
