@@ -181,6 +181,13 @@ class StagingConfig:
         files_per_task: Files a prefetcher copies per task; 0 = a
             minibatch's missing files spread over all prefetchers, so the
             first minibatch is ready after a few opens, not a whole batch.
+        node_schedule: The order the node's prefetchers take the tasks of
+            its ranks in: ``deadline``, earliest minibatch of any rank first
+            (a rank whose files are slower is served before the others'
+            later minibatches, so the node's ranks stay in step);
+            ``arrival``, in the order the ranks asked (a rank that asked
+            far ahead fills the queue in front of a neighbour's next
+            minibatch; for comparison).
         keep: Keep the job's staging directory after the run.
         capacity: Bytes the node's job directory may hold, all its ranks
             together: ``auto`` (80% of the local file system's free space
@@ -236,6 +243,7 @@ class StagingConfig:
     prefetchers: Union[int, str] = 4
     lookahead: int = 16
     files_per_task: int = 0
+    node_schedule: str = choice_field("deadline", ("deadline", "arrival"))
     keep: bool = False
     capacity: Optional[str] = "auto"
     cache_policy: str = choice_field("auto", policies)

@@ -18,10 +18,13 @@ class DeadlineQueue:
 
     Args:
         put: Puts one task on the pool's shared queue.
+        by_deadline: False hands tasks out in the order they came
+            (``staging.node_schedule: arrival``), deadlines ignored.
     """
 
-    def __init__(self, put):
+    def __init__(self, put, by_deadline=True):
         self._put = put
+        self._by_deadline = by_deadline
         self._heap = []
         self._arrival = 0
         self._queued = set()  # task ids on the pool's queue or being fetched
@@ -31,7 +34,7 @@ class DeadlineQueue:
 
     def push(self, deadline, task_id, task):
         """Keeps ``task`` (id ``task_id``) until a prefetcher is about to be free."""
-        heapq.heappush(self._heap, (deadline, self._arrival, task_id, task))
+        heapq.heappush(self._heap, (deadline if self._by_deadline else 0, self._arrival, task_id, task))
         self._arrival += 1
 
     def done(self, task_id):
