@@ -155,6 +155,20 @@ def test_deadline_queue_serves_the_earliest_minibatch_of_any_rank_first():
     assert put[2:6] == [("B", 0), ("B", 1), ("A", 2), ("B", 2)]
 
 
+def test_arrival_hands_tasks_out_in_the_order_they_came():
+    put = []
+    q = DeadlineQueue(put.append, by_deadline=False)
+    for seq in range(4):
+        q.push(seq, ("A", seq), ("A", seq))
+    for seq in range(2):
+        q.push(seq, ("B", seq), ("B", seq))
+    while len(q):
+        q.feed(1)
+        for task in list(put):
+            q.done(task)
+    assert put == [("A", 0), ("A", 1), ("A", 2), ("A", 3), ("B", 0), ("B", 1)]
+
+
 def test_probe_measures_the_emulators_latency(dataset, tmp_path):
     root, _ = dataset
     with SlowFS(root, open_ms=15.0, mbps=0) as mnt:
@@ -177,6 +191,19 @@ def test_whatif_prints_a_table_from_a_saved_calibration(tmp_path):
                          capture_output=True, text=True, check=True).stdout
     rows = [line for line in out.splitlines() if line.startswith("| 1 ") or line.startswith("| 64 ")]
     assert len(rows) == 2 and "fetch" in rows[0] and "| 500 |" in rows[1]
+
+
+def test_whatif_prints_the_count_auto_settles_at_for_each_latency(tmp_path):
+    cal = tmp_path / "cal.json"
+    cal.write_text(json.dumps(RATES.to_dict()))
+    out = subprocess.run(stager_cmd("whatif", "--calibration", str(cal), "--prefetchers", "auto,4", "--open-ms",
+                                    "2,30"), capture_output=True, text=True, check=True).stdout
+    counts = [int(line.split("auto (")[1].split(")")[0]) for line in out.splitlines() if "| auto (" in line]
+    assert len(counts) == 2 and counts[1] > counts[0]  # a slower source: more prefetchers
+    assert counts == [choose_counts(Rates(**{**RATES.to_dict(), "open_s": ms / 1000}))[0] for ms in (2, 30)]
+    bad = subprocess.run(stager_cmd("whatif", "--calibration", str(cal), "--prefetchers", "auto,many"),
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "expected numbers separated by commas" in bad.stderr
 
 
 @pytest.mark.parametrize("args,message", [
@@ -258,7 +285,8 @@ def test_a_saturated_pool_grows_to_fill_the_cores_and_no_further():
         return t.decide(2.0, cores_busy).count
     # The cores were 64% busy: they allow 1.4 times the items/s (to 90% busy), and as many more workers.
     assert saturated(0.64) == 15
-    assert saturated(0.3) == 20        # at most twice the pool in one window
+    assert saturated(0.5) == 18        # 1.8 times the items/s
+    assert saturated(0.3) == 30        # cores mostly idle: up to eight times, here their fill
     assert saturated(0.95) == 10       # the cores hold the items back, not the pool
     assert saturated(0.85) == 11       # room for a few more
 
@@ -274,3 +302,57 @@ def test_small_growths_are_judged_together_against_the_size_before_them():
     # Little's law at that pace and the 40 workers' 40 ms an item: 41 workers, no more.
     assert _window(t, 4.0, 1000, 1020, 0.050, waiting=200, cores_busy=0.85).count == 41
     assert _window(t, 5.0, 1000, 1000, 0.041, waiting=200, cores_busy=0.8).count == 41
+
+
+def _saturated_window(t, start, per_item_s, cpu_per_item_s, cores_busy, done=100):
+    """One second of ``t``'s workers all busy with work waiting, each item ``cpu_per_item_s`` on a core."""
+    t.asked(done + 5 * t.count, start)
+    t.finished(done, done * per_item_s, done * cpu_per_item_s)
+    return t.decide(start + 1.0, cores_busy)
+
+
+def test_workers_waiting_on_a_slow_source_grow_whatever_else_keeps_the_cores_busy():
+    # 4 prefetchers at 40 ms a file, 1 ms of it on a core; the readers keep 2 cores 60% busy.
+    t = Tuner(4, 1, 64, window_s=1.0, min_items=1, cores=2)
+    _window(t, 0.0, 100, 100, 0.04)
+    # The four took 0.1 s of CPU in the second, 1.25% of the two cores each: the 30% left hold 24 more.
+    assert _saturated_window(t, 1.0, 0.04, 0.001, 0.6).count == 29
+    # The same pool whose items are on a core 80% of their time: every item costs the cores
+    # alike, and at 60% busy they allow 1.5 times the items/s.
+    t = Tuner(4, 1, 64, window_s=1.0, min_items=1, cores=2)
+    _window(t, 0.0, 100, 100, 0.04)
+    assert _saturated_window(t, 1.0, 0.04, 0.032, 0.6).count == 6
+    # Cores full: waiting workers still double, judged by the next windows; working ones do not grow.
+    t = Tuner(8, 1, 64, window_s=1.0, min_items=1, cores=2)
+    _window(t, 0.0, 100, 100, 0.04)
+    assert _saturated_window(t, 1.0, 0.04, 0.001, 0.95, done=200).count == 16
+    t = Tuner(8, 1, 64, window_s=1.0, min_items=1, cores=2)
+    _window(t, 0.0, 100, 100, 0.04)
+    assert _saturated_window(t, 1.0, 0.04, 0.035, 0.95, done=200).count == 8
+
+
+def test_the_source_limit_follows_the_time_per_item():
+    # The source allows one worker per 5 ms of an item: 8 at 40 ms, 2 at 10 ms.
+    t = Tuner(4, 1, 64, window_s=1.0, min_items=1, cores=2, limit=lambda per_item: round(per_item / 0.005))
+    _window(t, 0.0, 100, 100, 0.04)
+    assert _saturated_window(t, 1.0, 0.04, 0.001, 0.1).count == 8
+    # A growth that did not pay while the cores idled is not a ceiling: the source's limit already is one.
+    assert _saturated_window(t, 2.0, 0.04, 0.001, 0.1, done=100).count == 8
+    # The source slowed 5x: the limit follows the time per item (smoothed over two windows).
+    assert _saturated_window(t, 3.0, 0.2, 0.001, 0.1, done=40).count == 24
+    assert _saturated_window(t, 4.0, 0.2, 0.001, 0.1, done=120).count == 32
+
+
+def test_an_idle_pool_is_judged_and_shrinks():
+    t = Tuner(16, 1, 64, window_s=0.25, min_items=8)
+    _window(t, 0.0, 100, 100, 0.04)            # the pool's start
+    t.asked(50, 1.0)
+    t.finished(50, 2.0)
+    t.decide(1.3)
+    sizes = []
+    for k in range(1, 9):                       # then nothing asked, nothing to do
+        now = 1.3 + k * 1.5
+        assert t.due(now)
+        t.decide(now)
+        sizes.append(t.count)
+    assert sizes[-1] < 16 and sizes == sorted(sizes, reverse=True) and min(sizes) >= 1

@@ -165,8 +165,9 @@ def test_profiles_refuse_unknown_keys_and_bad_values(tmp_path):
         load_profile(None, ["cores=3"])
     with pytest.raises(ConfigError, match="cannot read profile"):
         load_profile(str(tmp_path / "missing.yaml"))
-    with pytest.raises(ConfigError, match="staging.prefetchers"):
-        simulate(_cfg(prefetchers="auto"), load_profile(), Layout(1), np.full(64, 10))
+    # ``auto`` is simulated (the engine's controller replayed), not refused.
+    auto = simulate(_cfg(prefetchers="auto"), load_profile(), Layout(1), np.full(64, 10))["methods"]["stager"]
+    assert auto["counts_timeline"][0]["t"] == 0.0
     with pytest.raises(ConfigError, match="unknown method"):
         simulate(_cfg(), load_profile(), Layout(1), np.full(64, 10), methods=["stager", "nfs"])
     for name in os.listdir(os.path.join(REPO, "configs", "profiles")):
@@ -214,3 +215,56 @@ def test_the_command_over_a_sharded_dataset_stages_containers(tmp_path, capsys):
     staged = result["methods"]["stager"]
     assert staged["source_files"] == 2 * 12, "each node stages every container of its windows, once"
     assert [e["local_files"] for e in staged["epochs"]][1] > 0
+
+
+def _slowing_source(prefetchers):
+    """A 3-epoch job of 1,024 files on a source at 2 ms an open that takes 30 ms from 3 s to 8 s."""
+    cfg = config_from_dict({"dataset": {"source": "/nonexistent", "manifest": "m.tsv"},
+                            "plan": {"batch_size": 32, "epochs": 3, "seed": 1},
+                            "staging": {"prefetchers": prefetchers, "capacity": "24000000", "cache_policy": "lru",
+                                        "lookahead": 4},
+                            "reader": {"workers": 2}, "run": {"compute_ms": 20}})
+    profile = profile_from_dict({"filesystem": {"open_ms": 2.0, "open_ms_changes": [[3.0, 30.0], [8.0, 2.0]]},
+                                 "node": {"cores": 4}, "costs": {"read_ms": 2.0}})
+    return simulate(cfg, profile, Layout(1), np.full(1024, 60_000))["methods"]["stager"]
+
+
+def test_a_source_whose_latency_changes_is_simulated_and_auto_follows_it():
+    auto = _slowing_source("auto")
+    timeline = auto["counts_timeline"]
+    start = timeline[0]["prefetchers"]
+    assert timeline[0]["t"] == 0.0 and start >= 2
+    # The engine's own tuner, replayed: more prefetchers once opens take 30 ms.
+    assert max(r["prefetchers"] for r in timeline if r["t"] >= 3.0) > start
+    held = _slowing_source(start)
+    assert held["counts_timeline"] == [{"t": 0.0, "prefetchers": start, "in_flight": 1, "readers": 2}]
+    # Held at the start's count, the slow phase takes longer (simulated time: no machine noise).
+    assert auto["seconds"] < held["seconds"]
+    # The same job on a source that never slows is quicker than either.
+    steady = simulate(*_steady_job())["methods"]["stager"]
+    assert steady["seconds"] < auto["seconds"]
+
+
+def _steady_job():
+    cfg = config_from_dict({"dataset": {"source": "/nonexistent", "manifest": "m.tsv"},
+                            "plan": {"batch_size": 32, "epochs": 3, "seed": 1},
+                            "staging": {"prefetchers": "auto", "capacity": "24000000", "cache_policy": "lru",
+                                        "lookahead": 4},
+                            "reader": {"workers": 2}, "run": {"compute_ms": 20}})
+    profile = profile_from_dict({"filesystem": {"open_ms": 2.0}, "node": {"cores": 4}, "costs": {"read_ms": 2.0}})
+    return cfg, profile, Layout(1), np.full(1024, 60_000)
+
+
+@pytest.mark.parametrize("changes,message", [
+    ([[5.0, 30.0], [2.0, 2.0]], "times must increase"),
+    ([[5.0]], "expected [at_s, open_ms]"),
+    ([[5.0, -1.0]], "expected [at_s, open_ms]"),
+])
+def test_latency_changes_are_checked(changes, message):
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        profile_from_dict({"filesystem": {"open_ms_changes": changes}})
+
+
+def test_the_latency_in_force_is_the_last_change_begun():
+    fs = profile_from_dict({"filesystem": {"open_ms": 2.0, "open_ms_changes": [[3.0, 30.0], [8.0, 1.0]]}}).filesystem
+    assert [fs.open_ms_at(t) for t in (0.0, 2.99, 3.0, 7.9, 8.0, 100.0)] == [2.0, 2.0, 30.0, 30.0, 1.0, 1.0]

@@ -11,12 +11,13 @@ import contextlib
 import itertools
 import json
 from dataclasses import dataclass, replace
+from typing import Union
 
 from .calibrate import available_cores, from_summary
 from .misses import step_misses
 from .. import plan as planlib
 from ..cache import parse_capacity
-from ..engine.perf import Rates, Settings, predict, predict_run, probe
+from ..engine.perf import Rates, Settings, choose_counts, predict, predict_run, probe
 from ..errors import ConfigError
 
 
@@ -24,7 +25,7 @@ from ..errors import ConfigError
 class Row:
     """One setting and its prediction."""
 
-    prefetchers: int
+    prefetchers: Union[int, str]  # a count, or "auto (N)"
     readers: int
     open_ms: float
     mbps: float
@@ -99,13 +100,28 @@ def capacity_bytes(text, sizes):
     return value if kind == "bytes" else int(value * int(sizes.sum()))
 
 
+def auto_prefetchers(rates, settings):
+    """The prefetchers ``auto`` settles at on the source of ``settings`` (its latency and bandwidth).
+
+    The count its tuner reaches at a steady pace: Little's law at the rate
+    the rest of the pipeline allows there (``perf.choose_counts`` on rates
+    with that source), within the source's limit at that time per file.
+    """
+    at = replace(rates, open_s=rates.open_s if settings.open_s is None else settings.open_s,
+                 bandwidth=rates.bandwidth if settings.bandwidth is None else settings.bandwidth)
+    return choose_counts(at)[0]
+
+
 def grid(rates, prefetchers, readers, open_ms=(None,), mbps=(None,), compute_ms=(None,), capacities=(None,),
          catalog=None, plan_cfg=None, ahead=16):
     """Predictions for every combination of the given values (None: the calibration's).
 
     Args:
         rates: A ``Rates``.
-        prefetchers, readers: Counts to try.
+        prefetchers, readers: Counts to try; ``auto`` among the prefetchers
+            is the count ``auto`` settles at for each source tried (the
+            tuner's Little's law at that latency and bandwidth, within the
+            source's limit), shown as ``auto (N)``.
         open_ms, mbps, compute_ms: Source and compute values to try.
         capacities: Capacities to try (``capacity_bytes``; None: unbounded).
         catalog, plan_cfg: The catalog and ``PlanConfig``, needed for capacities.
@@ -127,6 +143,10 @@ def grid(rates, prefetchers, readers, open_ms=(None,), mbps=(None,), compute_ms=
     for p, r, o, m, c, cap in itertools.product(prefetchers, readers, open_ms, mbps, compute_ms, capacities):
         settings = Settings(prefetchers=p, readers=r, open_s=None if o is None else o / 1000.0,
                             bandwidth=None if m is None else m * 1e6, compute_s=None if c is None else c / 1000.0)
+        label = p
+        if p == "auto":
+            p = auto_prefetchers(rates, settings)
+            settings, label = replace(settings, prefetchers=p), f"auto ({p})"
         if cap in misses:
             rate, stall, _ = predict_run(rates, settings, misses[cap], ahead)
             worst = max(e.sum() / (len(e) * rates.batch_size) for e in misses[cap] if len(e))
@@ -134,7 +154,7 @@ def grid(rates, prefetchers, readers, open_ms=(None,), mbps=(None,), compute_ms=
         else:
             pred = predict(rates, settings)
             rate, stall, bottleneck = pred.samples_per_s, pred.stall, pred.bottleneck
-        rows.append(Row(p, r, rates.open_s * 1000 if o is None else o,
+        rows.append(Row(label, r, rates.open_s * 1000 if o is None else o,
                         rates.bandwidth / 1e6 if m is None else m,
                         rates.compute_s * 1000 if c is None else c, cap or "unbounded", rate, stall, bottleneck))
     return rows

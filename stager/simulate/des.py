@@ -20,6 +20,10 @@ prefetcher's CPU. A fetch from a peer takes a round trip per file and the
 node's link. A reader reads its step from local storage (one queue a node,
 at ``node.local_mbps``). Every CPU burst holds one of the node's cores (of
 the host's, for emulated nodes).
+
+An open's latency is the profile's at the simulated time it starts
+(``filesystem.open_ms_changes``). With ``staging.prefetchers: auto`` each
+node's pool is resized by the engine's own tuner, fed in simulated time.
 """
 
 import simpy
@@ -27,6 +31,7 @@ import simpy
 import numpy as np
 
 from .log import Log
+from ..engine.dispatch import AUTO_TASKS
 
 
 class _Cores:
@@ -34,14 +39,43 @@ class _Cores:
 
     def __init__(self, env, cores):
         self.env = env
-        self.pool = simpy.Resource(env, capacity=max(1, int(round(cores))))
+        self.count = max(1, int(round(cores)))
+        self.pool = simpy.Resource(env, capacity=self.count)
+        self.busy_s = 0.0  # core seconds of the bursts begun so far (the controller's load reading)
 
     def run(self, seconds):
         if seconds <= 0:
             return
         with self.pool.request() as req:
             yield req
+            self.busy_s += seconds
             yield self.env.timeout(seconds)
+
+
+class _Pool:
+    """A node's prefetchers as tokens, so that a replayed ``auto`` controller can resize it.
+
+    A task takes a token for its whole fetch; a shrink takes tokens back as
+    they come free (a leaving worker first finishes its task, as in the engine).
+    """
+
+    def __init__(self, env, size):
+        self.env, self.size = env, size
+        self.store = simpy.Store(env)
+        self._leaving = []  # retirements asked for and not yet granted
+        for token in range(size):
+            self.store.put(token)
+
+    def resize(self, size):
+        self._leaving = [event for event in self._leaving if not event.triggered]
+        for _ in range(self.size, size):
+            if self._leaving:
+                self._leaving.pop().cancel()  # a worker about to leave stays instead
+            else:
+                self.store.put(self.size)
+        for _ in range(size, self.size):
+            self._leaving.append(self.store.get())  # granted when a worker is free; that worker then leaves
+        self.size = size
 
 
 def _hold(env, resource, seconds):
@@ -56,7 +90,6 @@ class SharedFS:
     def __init__(self, env, fs, log):
         self.env, self.fs, self.log = env, fs, log
         free = 1.0 - fs.other_load
-        self.open_s = fs.open_ms / 1e3
         self.op_s = 1.0 / (fs.mds_ops_per_s * free) if fs.mds_ops_per_s else 0.0
         self.byte_s = 1.0 / (fs.aggregate_mbps * 1e6 * free) if fs.aggregate_mbps else 0.0
         self.client_byte_s = 1.0 / (fs.client_mbps * 1e6) if fs.client_mbps else 0.0
@@ -66,8 +99,9 @@ class SharedFS:
     def read(self, link, files, nbytes):
         """Opens and reads ``files`` files of ``nbytes`` in all, one after the other, through a node's ``link``."""
         env = self.env
-        if self.open_s:
-            yield env.timeout(files * self.open_s)
+        open_s = self.fs.open_ms_at(env.now) / 1e3
+        if open_s:
+            yield env.timeout(files * open_s)
         if self.op_s:
             yield env.process(_hold(env, self.mds, files * self.op_s))
         transfers = []
@@ -97,17 +131,22 @@ class Job:
     Args:
         profile: A ``Profile``.
         demand: A ``demand.Demand``.
-        prefetchers: Prefetchers per node.
+        prefetchers: Prefetchers per node (with ``tuner``, at start).
         readers: Readers per rank.
         ahead: Steps the service is asked for past the slowest rank of the node.
         read_ahead: Steps decoded past a rank's position.
         compute_s: The training step.
+        tuner: For ``staging.prefetchers: auto``, a callable returning a new
+            ``engine.perf.Tuner`` for one node's pool: the engine's controller,
+            replayed in simulated time; None: fixed prefetchers.
     """
 
-    def __init__(self, profile, demand, prefetchers, readers, ahead, read_ahead, compute_s):
+    def __init__(self, profile, demand, prefetchers, readers, ahead, read_ahead, compute_s, tuner=None):
         self.env = env = simpy.Environment()
         self.demand = demand
         self.prefetchers, self.readers = prefetchers, readers
+        self.tuner = tuner
+        self.timelines = [[(0.0, prefetchers)] for _ in range(demand.nodes)]  # (seconds, prefetchers) per node
         self.ahead, self.read_ahead, self.compute_s = ahead, read_ahead, compute_s
         self.steps = len(demand.epochs)
         self.log = Log(demand.nodes * demand.ranks_per_node, demand.epochs)
@@ -161,15 +200,22 @@ class Job:
     def _service(self, node, link, ready):
         env, rpn = self.env, self.demand.ranks_per_node
         d = self.demand.of(node)
-        threads = simpy.Resource(env, self.prefetchers)
+        pool = _Pool(env, self.prefetchers)
+        tuner = self.tuner() if self.tuner is not None else None
+        if tuner is not None:
+            env.process(self._control(node, pool, tuner, ready))
         peer_threads = simpy.Resource(env, self.prefetchers)
         ranks = range(node * rpn, (node + 1) * rpn)
         for s in range(self.steps):
             gate = self._after(ranks, s - self.ahead)
             if gate is not None:
                 yield gate
-            jobs = [env.process(self._fetch(node, threads, link, f, b))
-                    for f, b in _chunks(d.source_files[s], d.source_bytes[s], self.prefetchers)]
+            # As the engine splits them: an auto pool's tasks are finer (it may grow before they are taken).
+            chunks = _chunks(d.source_files[s], d.source_bytes[s],
+                             pool.size if tuner is None else max(pool.size, AUTO_TASKS))
+            if tuner is not None:
+                tuner.asked(int(d.source_files[s]), env.now)
+            jobs = [env.process(self._fetch(node, pool, link, f, b, tuner)) for f, b in chunks]
             jobs += [env.process(self._peer(node, peer_threads, f, b))
                      for f, b in _chunks(d.peer_files[s], d.peer_bytes[s], self.prefetchers)]
             if jobs:
@@ -177,9 +223,32 @@ class Job:
             else:
                 ready[s].succeed()
 
+    def _control(self, node, pool, tuner, ready):
+        """The engine's ``auto`` controller (``autocounts.PoolResizer``) in simulated time.
+
+        It is fed what the engine feeds it (files asked, each task's files,
+        wall and CPU seconds) and the node's cores' load over its window,
+        and is asked as often as the service's loop would ask it.
+        """
+        env, cores = self.env, self.cores[node]
+        mark = (env.now, cores.busy_s)
+        while not ready[-1].triggered:
+            yield env.timeout(tuner.window_s / 4)
+            if not tuner.due(env.now):
+                continue
+            span = (env.now - mark[0]) * cores.count
+            cores_busy = min(1.0, (cores.busy_s - mark[1]) / span) if span > 0 else None
+            mark = (env.now, cores.busy_s)
+            decision = tuner.decide(env.now, cores_busy)
+            if decision is not None and decision.count != pool.size:
+                pool.resize(decision.count)
+                tuner.count = pool.size
+                tuner.restart(env.now)
+                self.timelines[node].append((env.now, pool.size))
+
     def _stage_all(self, node, link, ready, files, nbytes):
         env = self.env
-        threads = simpy.Resource(env, self.prefetchers)
+        threads = _Pool(env, self.prefetchers)
         # In aggregate: each prefetcher's share in a few chunks, not file by file.
         jobs = [env.process(self._fetch(node, threads, link, f, b))
                 for f, b in _chunks(files, nbytes, 8 * self.prefetchers)]
@@ -196,12 +265,15 @@ class Job:
         if self.disk_byte_s and nbytes:
             yield self.env.process(_hold(self.env, self.disks[node], nbytes * self.disk_byte_s))
 
-    def _fetch(self, node, threads, link, files, nbytes):
-        with threads.request() as req:
-            yield req
-            yield self.env.process(self.fs.read(link, files, nbytes))
-            yield self.env.process(self._local(node, nbytes))
-            yield self.env.process(self.cores[node].run(files * self.copy_s))
+    def _fetch(self, node, pool, link, files, nbytes, tuner=None):
+        token = yield pool.store.get()
+        begin = self.env.now
+        yield self.env.process(self.fs.read(link, files, nbytes))
+        yield self.env.process(self._local(node, nbytes))
+        yield self.env.process(self.cores[node].run(files * self.copy_s))
+        yield pool.store.put(token)
+        if tuner is not None:
+            tuner.finished(files, self.env.now - begin, files * self.copy_s)
 
     def _peer(self, node, threads, files, nbytes):
         with threads.request() as req:

@@ -14,7 +14,7 @@ from its documentation or a measurement.
 """
 
 from dataclasses import dataclass, field, replace
-from typing import Optional
+from typing import List, Optional
 
 import yaml
 
@@ -40,6 +40,10 @@ class FileSystemProfile:
         aggregate_mbps: Read bandwidth of the whole file system, MB/s; 0: no limit.
         other_load: Share (0 to below 1) of the metadata service and of the
             aggregate bandwidth taken by other jobs.
+        open_ms_changes: The latency changing during the job (another job's
+            checkpoint burst, a loaded metadata server): ``[[at_s, open_ms],
+            ...]``, from ``at_s`` seconds of simulated time on, opens take
+            ``open_ms``; times in increasing order. Empty: ``open_ms`` throughout.
     """
 
     open_ms: float = 10.0
@@ -47,11 +51,26 @@ class FileSystemProfile:
     client_mbps: float = 0.0
     aggregate_mbps: float = 0.0
     other_load: float = 0.0
+    open_ms_changes: List[List[float]] = field(default_factory=list)
 
     def __post_init__(self):
         _check(min(self.open_ms, self.mds_ops_per_s, self.client_mbps, self.aggregate_mbps) >= 0,
                "filesystem: open_ms, mds_ops_per_s, client_mbps and aggregate_mbps must be 0 or more")
         _check(0 <= self.other_load < 1, f"filesystem.other_load must be in [0, 1), not {self.other_load}")
+        for i, change in enumerate(self.open_ms_changes):
+            _check(len(change) == 2 and min(change) >= 0,
+                   f"filesystem.open_ms_changes[{i}]: expected [at_s, open_ms], both 0 or more, not {change}")
+        times = [c[0] for c in self.open_ms_changes]
+        _check(times == sorted(set(times)), f"filesystem.open_ms_changes: times must increase, not {times}")
+
+    def open_ms_at(self, t):
+        """The latency of an open that starts ``t`` seconds into the job."""
+        latency = self.open_ms
+        for at_s, open_ms in self.open_ms_changes:
+            if t < at_s:
+                break
+            latency = open_ms
+        return latency
 
 
 @dataclass(frozen=True)

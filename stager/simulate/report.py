@@ -35,6 +35,13 @@ def text(result):
         if m.get("fits", True):
             cells = [f"{e['seconds']:.2f} / {e['source_files']:,d} / {e['peer_files']:,d}" for e in m["epochs"]]
             lines.append(f"  {METHOD_NAMES.get(method, method):24s} " + "   ".join(cells))
+    changes = [(method, m["counts_timeline"]) for method, m in result["methods"].items()
+               if len(m.get("counts_timeline", ())) > 1]
+    if changes:
+        lines += ["", "prefetchers of node 0 resized by the auto controller (seconds: count):"]
+        for method, timeline in changes:
+            cells = ", ".join(f"{c['t']:.2f}: {c['prefetchers']}" for c in timeline)
+            lines.append(f"  {METHOD_NAMES.get(method, method):24s} {cells}")
     return "\n".join(lines)
 
 

@@ -21,6 +21,8 @@ from .demand import node_demand
 from .des import Job
 from .report import KIND
 from ..cache import parse_capacity, policy_name
+from ..engine.autocounts import prefetcher_limit, source_limit
+from ..engine.perf import Rates, Tuner, choose_counts
 from ..errors import ConfigError
 from ..plan import PlanSpec
 
@@ -93,8 +95,12 @@ def simulate(cfg, profile, layout, sizes, to_files=None, containers=None, method
     if not spec.epochs:
         raise ConfigError("stager simulate needs plan.epochs above 0")
     staging, reader = cfg.staging, cfg.reader
-    prefetchers = _count(staging.prefetchers, "staging.prefetchers")
-    readers = _count(reader.workers, "reader.workers")
+    auto = None
+    if "auto" in (staging.prefetchers, reader.workers):
+        auto = _auto_counts(profile, sizes, spec.batch_size)
+    prefetchers = auto[0] if staging.prefetchers == "auto" else _count(staging.prefetchers, "staging.prefetchers")
+    readers = auto[1] if reader.workers == "auto" else _count(reader.workers, "reader.workers")
+    tuner = auto[2] if staging.prefetchers == "auto" else None
     read_ahead = reader.ahead or 2 * readers
     ahead = max(staging.lookahead, read_ahead)
     capacity = capacity_bytes(staging, profile, int(sizes.sum()))
@@ -123,11 +129,37 @@ def simulate(cfg, profile, layout, sizes, to_files=None, containers=None, method
             d = demand(capacity, peers and method == "stager")
         else:
             d = demand(None, method == "unbounded" and peers)
-        job = Job(profile, d, prefetchers, readers, ahead, read_ahead, compute_ms / 1e3)
         mode = {"direct": "direct", "stage-all": "stage-all"}.get(method, "staged")
+        job = Job(profile, d, prefetchers, readers, ahead, read_ahead, compute_ms / 1e3,
+                  tuner if mode == "staged" else None)
         log = job.run(mode, (len(sizes), int(sizes.sum())))
         out["methods"][method] = _summary(method, d, log, layout, samples, begin)
+        if mode == "staged":
+            # Node 0's, in the engine's report's shape (the readers are not resized here).
+            out["methods"][method]["counts_timeline"] = [
+                {"t": round(t, 4), "prefetchers": n, "in_flight": 1, "readers": readers} for t, n in job.timelines[0]]
     return out
+
+
+def _auto_counts(profile, sizes, batch_size):
+    """``auto``'s counts at start on a profile's node, and a factory of its tuner for one node's pool.
+
+    The probe's figures come from the profile (the latency at start, the
+    client's bandwidth, the costs per file), so the start is what the engine
+    would choose there; the tuner then follows the simulated rates.
+    """
+    fs, c = profile.filesystem, profile.costs
+    rates = Rates(open_s=fs.open_ms / 1e3, bandwidth=fs.client_mbps * 1e6, copy_s=c.copy_ms / 1e3,
+                  read_s=c.read_ms / 1e3, batch_s=c.batch_ms / 1e3, file_bytes=float(np.mean(sizes)),
+                  main_s=c.main_ms / 1e3, batch_size=batch_size, cores=profile.node.cores)
+    prefetchers, readers = choose_counts(rates)
+    cores = max(1, int(round(profile.node.cores)))
+
+    def tuner():
+        return Tuner(prefetchers, 1, max(prefetcher_limit(rates), prefetchers), limit=source_limit(rates),
+                     cores=cores)
+
+    return prefetchers, readers, tuner
 
 
 def _summary(method, demand, log, layout, samples, begin):
