@@ -16,10 +16,10 @@ import time
 from dataclasses import replace
 
 from . import perf
+from .limits import workers_room
 from .perf import cpu_ticks
 from .. import telemetry as tm
 from ..errors import StageError
-from .limits import workers_room
 from ..sources.deadline import within
 from ..world import agree
 
@@ -142,9 +142,9 @@ class PoolResizer:
             self.pool.grow(change, keep_fds, owned)
         elif change < 0:
             self.pool.shrink(-change)
-        else:
+        self.tuner.count = self.pool.size  # what the pool is, where the limit held it below the decision
+        if change == 0:
             return False
-        self.tuner.count = self.pool.size
         self.tuner.restart(time.monotonic())  # judge the new size on a window of its own
         self._ticks = cpu_ticks()
         self.telemetry.record(tm.RESIZED, self.stage, self.pool.size, decision.per_item_s)
