@@ -18,7 +18,7 @@ from .. import plan as planlib
 from ..catalog import agreed_catalog
 from ..engine import Pipeline
 from ..telemetry import job_summary, rank_summary, write_report
-from ..world import detect
+from ..world import announce_error, detect
 
 
 def _loop(pipe, stop, compute_s, max_batches, recorder, bar, epochs, position, state):
@@ -111,8 +111,12 @@ def run_job(cfg, report=None, record=None, progress=True, world=None):
         epochs = set()
         # An error ends the job (MPI_Abort) from inside the loop; a stop (a
         # signal, max_batches, the plan's end) leaves it at a step boundary.
-        position, agreed, why = _loop(pipe, stop, compute_s, cfg.run.max_batches, recorder, bar, epochs, start,
-                                      state)
+        try:
+            position, agreed, why = _loop(pipe, stop, compute_s, cfg.run.max_batches, recorder, bar, epochs,
+                                          start, state)
+        except Exception as exc:
+            announce_error(world, exc)  # before the pipeline's close ends the node's service for its neighbours
+            raise
         loop_end = time.monotonic()
         if recorder and pipe.capacity is not None:  # a bounded cache's counters are worth a record
             recorder.cache(pipe.stats.cache_table())

@@ -9,10 +9,10 @@ when one rank fails.
 May import: ``errors``.
 """
 
-from .abort import abort_on_error, install_abort_hook
+from .abort import abort_on_error, announce_error, install_abort_hook
 from .collective import agree, everyone, split_leaders
 from .detect import NODE_ENV, World, detect
 from .torchcomm import TorchComm
 
-__all__ = ["NODE_ENV", "TorchComm", "World", "abort_on_error", "agree", "detect", "everyone", "install_abort_hook",
-           "split_leaders"]
+__all__ = ["NODE_ENV", "TorchComm", "World", "abort_on_error", "agree", "announce_error", "detect", "everyone",
+           "install_abort_hook", "split_leaders"]

@@ -46,6 +46,25 @@ def _unlink_own_mpich_segments():
                 pass  # another rank of the node was first, or it is not ours to remove
 
 
+def _error_text(exc):
+    return f"error: {type(exc).__name__}: {exc}"
+
+
+def announce_error(world, exc):
+    """Writes this rank's error now, before the clean-up that ``abort_on_error`` lets run first.
+
+    A node leader's clean-up ends its node's staging service, and a
+    neighbour that finds the service gone may end the job with its own,
+    secondary error before this rank reaches ``MPI_Abort``: the cause would
+    never be printed. ``abort_on_error`` then says only that it aborts.
+    """
+    if world.comm is None or world.size == 1:
+        return
+    sys.stderr.write(f"stager: rank {world.rank} of {world.size} on {world.node}: {_error_text(exc)}\n")
+    sys.stderr.flush()
+    exc.stager_announced = True
+
+
 @contextlib.contextmanager
 def abort_on_error(world):
     """Ends the whole job when the block raises an exception.
@@ -62,7 +81,8 @@ def abort_on_error(world):
     except Exception as exc:
         if world.comm is None or world.size == 1:
             raise
-        _abort(world, f"error: {type(exc).__name__}: {exc}", 2 if isinstance(exc, StagerError) else 1)
+        text = "the error written above" if getattr(exc, "stager_announced", False) else _error_text(exc)
+        _abort(world, text, 2 if isinstance(exc, StagerError) else 1)
 
 
 def install_abort_hook(world):

@@ -244,7 +244,8 @@ class Tuner:
             before, _, before_per_item = self._grew
             target = _bounded(math.ceil(rate * before_per_item), before, self.count)
             self._ceiling = (target, before_per_item, window_per_item)
-        elif (busy > 0.85 and self.outstanding > self.count) or (busy > 0.5 and self.outstanding > BACKLOG * self.count):
+        elif (busy > 0.85 and self.outstanding > self.count) or \
+                (busy > 0.5 and self.outstanding > BACKLOG * self.count):
             # Held back: the demand it saw is only what it let through. (A backlog of several items
             # a worker is that too: an item is counted busy when it ends, so a window of items
             # longer than before, a source slowing down, shows its workers less busy than they were.)
