@@ -8,7 +8,8 @@
 # virtual environment in .venv/ at the repository root, and stager installed
 # in it (editable) with the mpich wheel, Chainer, torchvision, matplotlib (for
 # `stager bench`), Lightning and Accelerate (the stacks the PyTorch front end
-# is tested under), MkDocs (the documentation site) and the test tools.
+# is tested under), DLIO (MLPerf Storage's benchmark engine), MkDocs (the
+# documentation site) and the test tools.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -50,22 +51,38 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_CONSTRAINT="$PWD/constraints.txt"
 export PIP_BUILD_CONSTRAINT="$PWD/constraints.txt" SETUPTOOLS_USE_DISTUTILS=stdlib
 .venv/bin/python -m pip install -q --upgrade pip "setuptools>=77.0.3,<81" wheel
 echo "bootstrap: installing stager and its dependencies into .venv"
-.venv/bin/python -m pip install -q -e ".[mpich,test,chainer,vision,bench,s3,stacks,docs]"
+.venv/bin/python -m pip install -q -e ".[mpich,test,chainer,vision,bench,s3,stacks,docs,dlio]"
+# A .pth file in the venv's site-packages runs one line at the start of every
+# interpreter of this venv. import_hook NAME MODULE CHECK WHY writes NAME.pth,
+# which calls MODULE.install(), only where the Python statement CHECK fails
+# without it, then checks that CHECK passes with it; elsewhere nothing is
+# written. A checkout without MODULE makes the line a no-op.
+site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+import_hook() {
+  local name=$1 module=$2 check=$3 why=$4
+  rm -f "$site/$name.pth"
+  if ! .venv/bin/python -c "$check" >/dev/null 2>&1; then
+    echo "bootstrap: $why; adding $site/$name.pth"
+    printf 'import sys; exec("try:\\n import %s as m; m.install()\\nexcept Exception: pass")\n' "$module" \
+      > "$site/$name.pth"
+    .venv/bin/python -c "$check"
+  fi
+}
 # torchvision's PyPI wheel is built for the CUDA torch: beside the CPU-only
 # torch its operators cannot load and a plain `import torchvision` (also the
-# one inside lightning and torchmetrics) fails. Only there, a .pth file makes
-# every interpreter of this venv define the two operator schemas that
-# torchvision's import needs, just before its first import
-# (iterators/_torchvision_import.py); a checkout without the hook makes the
-# line a no-op. Where torchvision imports, nothing is written.
-site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-rm -f "$site/stager-torchvision.pth"
-if ! .venv/bin/python -c 'import torchvision' >/dev/null 2>&1; then
-  echo "bootstrap: torchvision cannot load its operators beside this torch; adding $site/stager-torchvision.pth"
-  echo 'import sys; exec("try:\n import iterators._torchvision_import as m; m.install()\nexcept Exception: pass")' \
-    > "$site/stager-torchvision.pth"
-  .venv/bin/python -c 'import torchvision'
-fi
+# one inside lightning and torchmetrics) fails. The hook defines the two
+# operator schemas that torchvision's import needs, just before its first
+# import (iterators/_torchvision_import.py).
+import_hook stager-torchvision iterators._torchvision_import 'import torchvision' \
+  "torchvision cannot load its operators beside this torch"
+# DLIO (the MLPerf Storage benchmark engine) for iterators.dlio: the `dlio`
+# extra holds its run-time needs; DLIO itself comes without its declared
+# dependencies, which pull TensorFlow, DALI and torchaudio that PyTorch
+# workloads never use. Its profiler module still imports TensorFlow at load
+# time; the hook answers for that one module (iterators/_dlio_import.py).
+.venv/bin/python -m pip install -q --no-deps "dlio-benchmark==2.0.0"
+import_hook stager-dlio iterators._dlio_import 'import dlio_benchmark.main' \
+  "DLIO's profiler needs TensorFlow, which is not installed"
 echo "bootstrap: building the slow file system emulator's C engine"
 .venv/bin/stager slowfs build
 

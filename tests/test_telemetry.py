@@ -71,3 +71,23 @@ def test_arrays_hold_the_same_events_as_the_list_in_the_same_order(slow_source, 
         [(e[1], e[2], e[3]) for e in events]
     assert t.tolist() == [e[0] for e in events] and value.tolist() == [e[4] for e in events]
     assert "finished" in {e[1] for e in events}, "the next() that found the end is recorded"
+
+
+def test_a_resized_prefetch_pool_is_accounted_by_its_mean_size_over_the_staging_time():
+    from stager.telemetry.accounting import _mean_size, account
+
+    # 3 workers for 1 s, 24 for 1 s, 48 for 2 s: (3 + 24 + 96) / 4
+    assert _mean_size(3, [(1.0, 24), (2.0, 48)], 0.0, 4.0) == (3 + 24 + 96) / 4
+    assert _mean_size(3, [(-1.0, 10), (5.0, 20)], 0.0, 4.0) == 10, "changes outside the window count as they stand"
+    assert _mean_size(3, [], 0.0, 4.0) == 3
+    log = tm.Telemetry()
+    log.record(tm.QUEUED, 0, 2)
+    log.record(tm.RESIZED, tm.POOL_PREFETCH, 24, 0.01)
+    log.record(tm.RESIZED, tm.POOL_READ, 5, 0.01)  # the readers' pool is not the prefetchers'
+    log.record(tm.TASK, 0, 2, 0.02)
+    mean = account(log, rank=0, node="n", readers=2, prefetchers=3)["stages"]["prefetch"]["workers"]
+    assert isinstance(mean, float) and 3 <= mean <= 24
+    quiet = tm.Telemetry()
+    quiet.record(tm.QUEUED, 0, 2)
+    quiet.record(tm.TASK, 0, 2, 0.02)
+    assert account(quiet, rank=0, node="n", readers=2, prefetchers=3)["stages"]["prefetch"]["workers"] == 3

@@ -25,7 +25,7 @@ from ..world import agree
 
 log = logging.getLogger(__name__)
 
-PREFETCH, READ = 0, 1
+PREFETCH, READ = tm.POOL_PREFETCH, tm.POOL_READ
 
 
 def is_auto(value):

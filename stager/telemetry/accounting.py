@@ -89,6 +89,20 @@ def _steps_series(ends, waits, computes):
             "compute": [_r(sum(computes[i:i + stride])) for i in groups]}
 
 
+def _mean_size(start, changes, begin, end):
+    """The time-weighted mean size over [begin, end] of a pool of ``start`` workers resized at ``changes``."""
+    if end <= begin:
+        return float(changes[-1][1] if changes and changes[-1][0] <= begin else start)
+    total, size, at = 0.0, start, begin
+    for t, new in changes:
+        if t >= end:
+            break
+        if t > at:
+            total, at = total + size * (t - at), t
+        size = new
+    return (total + size * (end - at)) / (end - begin)
+
+
 def account(telemetry, *, rank, node, readers, prefetchers=None, loop_begin=None, loop_end=None):
     """One rank's accounting, from its ``Telemetry``.
 
@@ -98,7 +112,9 @@ def account(telemetry, *, rank, node, readers, prefetchers=None, loop_begin=None
         node: This rank's node name.
         readers: Reader processes of this rank.
         prefetchers: On the node leader of a staged run, the node's
-            prefetchers; None elsewhere.
+            prefetchers at start; None elsewhere. A pool resized while
+            running (``RESIZED`` events) is reported by its mean size over
+            the staging time.
         loop_begin: ``time.monotonic()`` when the training loop began; default:
             its first ``next()``.
         loop_end: ``time.monotonic()`` when it ended; default: the ``next()``
@@ -121,6 +137,7 @@ def account(telemetry, *, rank, node, readers, prefetchers=None, loop_begin=None
     queued = of(tm.QUEUED, t, b, value)
     needed, ready, delivered = of(tm.NEEDED, t), of(tm.READY, t), of(tm.DELIVERED, t)
     finished = of(tm.FINISHED, t, value)
+    resized = [(at, size) for at, pool, size in of(tm.RESIZED, t, a, b) if pool == tm.POOL_PREFETCH]
     finished = finished[0] if finished else None
     # One event per file: summed in numpy.
     # PRESENT (negative) is a copy found already there; 0 bytes is an empty file copied.
@@ -188,6 +205,8 @@ def account(telemetry, *, rank, node, readers, prefetchers=None, loop_begin=None
         files = sum(b for _, b, _ in tasks)
         active_from = queued[0][0] if queued else 0.0
         active = max((tasks[-1][0] - active_from) if tasks else 0.0, 0.0)
+        if resized:  # a pool that grew and shrank (``auto``): its mean size over the staging time
+            prefetchers = round(_mean_size(prefetchers, resized, active_from, active_from + active), 1)
         stages["prefetch"] = {
             "workers": prefetchers, "busy_s": _r(busy), "idle_s": _r(max(prefetchers * active - busy, 0.0)),
             "tasks": len(tasks), "files": files,

@@ -54,8 +54,14 @@ def _config(report, section, key, default=None):
 
 def _suggest(workers, demand, capacity):
     """Workers that would meet ``demand`` at the measured per-worker rate, at most ``MAX_STEP`` x now."""
+    workers = max(round(workers), 1)  # a resized pool's mean size
     need = max(workers + 1, math.ceil(workers * demand / capacity))
     return need, min(need, MAX_STEP * workers)
+
+
+def _count(workers):
+    """A pool's size: a whole number, or a resized pool's mean size."""
+    return f"{workers}" if isinstance(workers, int) else f"{workers:g} (on average)"
 
 
 def _fetch_pressure(report):
@@ -104,7 +110,7 @@ def judge(report):
             if fewer < workers:
                 verdict.advice.append(
                     f"the prefetchers were busy {stages['prefetch']['utilization']:.0%} of the staging time: "
-                    f"{fewer} instead of {workers} would still deliver twice what the loop consumes "
+                    f"{fewer} instead of {_count(workers)} would still deliver twice what the loop consumes "
                     f"(staging.prefetchers: {fewer})")
         if not verdict.advice:
             verdict.advice.append("nothing to change in staging: a faster training step would be the gain")
@@ -113,7 +119,7 @@ def judge(report):
         if bound and min(bound)[1] == "prefetch":
             need, step = _suggest(workers, demand, capacity)
             verdict = Verdict("prefetch", f"the loop waited {stall:.1%} after the first minibatch; on node {node} "
-                                          f"the source delivers {capacity:,.0f} files/s with {workers} prefetchers "
+                                          f"the source delivers {capacity:,.0f} files/s with {_count(workers)} prefetchers "
                                           f"and the loop consumes {demand:,.0f} files/s", ratios=ratios)
             text = f"try {step} prefetchers (staging.prefetchers: {step})"
             if step < need:

@@ -49,6 +49,7 @@ from array import array
 NEEDED, QUEUED, STAGED, TASK, READY, READ, DELIVERED, CONSUMED, REQUEST, EVICTED, USAGE, PEER, SERVED, \
     FINISHED, RESIZED, LOCAL, FALLBACK, GROUP = range(18)
 GROUP_FILES, GROUP_FETCHED, GROUP_TAKEN, GROUP_GIVEN = range(4)
+POOL_PREFETCH, POOL_READ = range(2)  # a ``RESIZED`` event's pool
 # What a ``STAGED`` event's bytes (and a prefetcher's ``Staged.done``) may hold besides a count:
 NO_SPACE = -1  # the local file system was full; nothing was published
 PRESENT = -2  # a matching copy was already there; nothing was copied
