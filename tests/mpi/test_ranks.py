@@ -161,17 +161,34 @@ def test_each_ranks_torch_loader_reads_its_share(world, shared_dir):
     assert len({len(share) for share in everyone}) == 1 and steps > 0
 
 
-def _usage(directory):
-    total = 0
+def _files(directory):
+    found = {}
     for d, _, files in os.walk(directory):
         for f in files:
             if f.startswith((".lock", ".service")):
                 continue
             try:
-                total += os.path.getsize(os.path.join(d, f))
+                st = os.stat(os.path.join(d, f))
             except FileNotFoundError:
-                pass  # removed meanwhile by the cache
-    return total
+                continue  # removed meanwhile by the cache
+            found[os.path.join(d, f)] = (st.st_ino, st.st_size)
+    return found
+
+
+def _usage(directory, attempts=20):
+    """Bytes in a job directory at one moment, or None if it never held still for two walks in a row.
+
+    A single walk is not a snapshot: it reads one class directory, the cache
+    evicts a file there and stages one in the next directory, and the walk
+    counts both. Two equal walks in a row saw the same files.
+    """
+    before = _files(directory)
+    for _ in range(attempts):
+        after = _files(directory)
+        if after == before:
+            return sum(size for _, size in after.values())
+        before = after
+    return None
 
 
 @pytest.fixture
@@ -212,7 +229,7 @@ def test_a_bounded_cache_over_four_epochs_delivers_every_sample_and_stays_under_
             for i, (payload, _) in zip(b.indices, b.samples):
                 with open(os.path.join(data, catalog.path(i)), "rb") as fh:
                     assert payload == fh.read(), f"rank {world.rank}: {catalog.path(i)} differs from the source"
-            peak = max(peak, _usage(pipe.local_dir))
+            peak = max(peak, _usage(pipe.local_dir) or 0)
         table = pipe.stats.cache_table()
     everyone = world.comm.allgather(mine)
     peaks = world.comm.allgather(peak)
