@@ -14,6 +14,7 @@ samples it is given come from the same copy.
 """
 
 import os
+import threading
 import time
 
 import numpy as np
@@ -92,10 +93,12 @@ class DLIOFiles(Dataset):
 
     def stager_load(self, path, index):
         """DLIO's sample ``index`` as a tensor, read from ``path`` (the source's file or its staged copy)."""
-        if self.per_file == 1:  # opened for its one sample and let go, as DLIO's readers do
+        # A file of one sample is opened for it and let go, as DLIO's readers do; so is any file read by a
+        # thread other than the process's main one (the probe of ``auto`` decodes a few files in threads).
+        if self.per_file == 1 or threading.current_thread() is not threading.main_thread():
             opened = OPENERS[self.format](path)
             try:
-                sample = np.ascontiguousarray(SAMPLE[self.format](opened, 0))
+                sample = np.ascontiguousarray(SAMPLE[self.format](opened, index % self.per_file))
             finally:
                 getattr(opened, "close", lambda: None)()
         else:
@@ -106,7 +109,7 @@ class DLIOFiles(Dataset):
         return torch.from_numpy(sample)
 
     def _opened(self, path):
-        """A file of many samples, kept open (HDF5) or loaded (npz) while the reader takes samples of the same copy.
+        """A file of many samples, kept open (HDF5) or loaded (npz) while a reader takes samples of the same copy.
 
         DLIO's own readers open the file again for each sample (its
         ``on_demand`` read type); a staged container is read by sharded

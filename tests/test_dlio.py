@@ -216,3 +216,39 @@ def test_the_workloads_of_configs_dlio_hold_stager_sections_that_load():
             workload = yaml.safe_load(fh)
         assert workload["framework"] == "pytorch" and workload["reader"]["data_loader"] == "pytorch", name
         assert config_from_dict(workload["stager"]).staging.prefetchers == "auto", name
+
+
+def test_threads_reading_containers_at_once_each_get_their_own_samples(tmp_path):
+    """``auto``'s probe decodes a few files at once in threads of the training process."""
+    import threading
+
+    import h5py
+    import numpy as np
+
+    from iterators._dlio_files import DLIOFiles
+
+    files = []
+    for f in range(8):
+        files.append(str(tmp_path / f"img_{f}.hdf5"))
+        with h5py.File(files[-1], "w") as fh:
+            fh.create_dataset("records", data=np.full((4, 8, 8), f * 4, np.uint8) + np.arange(4)[:, None, None])
+    dataset = DLIOFiles(files, 4, "hdf5")
+    wrong = []
+
+    def read(start):
+        for _ in range(25):
+            for i in range(start, 32, 8):
+                try:
+                    got = int(dataset.stager_load(dataset.stager_path(i), i)[0, 0])
+                except Exception as exc:  # another thread closed the file under this one
+                    got = repr(exc)
+                if got != i:
+                    wrong.append((i, got))
+
+    threads = [threading.Thread(target=read, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not wrong
+    assert [int(dataset[i][0, 0]) for i in range(32)] == list(range(32)), "and in order on the main thread"
