@@ -43,9 +43,10 @@ class Cache:
         admitted_at: Per file, the tick it was last staged (FIFO's order).
         used_at: Per file, the tick it was last read (LRU's order).
         future: Every rank's future reads (``Future``), for a clairvoyant policy.
-        kept: Per file, whether other nodes count on this one holding it
-            (``staging.peers``), or None: such files go only when nothing
-            else can, whatever the policy prefers.
+        holders: With ``staging.peers``, which files other nodes count on
+            this one holding (``engine.peers.holders``: ``kept``, and
+            ``next_use`` by any node of the job), or None. Such files go
+            only when nothing else can, farthest next use by the job first.
     """
 
     def __init__(self, sizes, policy="unbounded", capacity=None, window=0, to_files=None):
@@ -61,7 +62,7 @@ class Cache:
         self.in_flight_bytes = 0
         self.future = Future(to_files)
         self.policy = make_policy(policy)
-        self.kept = None
+        self.holders = None
         self._spill = False  # while making room, whether kept files may go too
         self._tick = 0
 
@@ -80,18 +81,36 @@ class Cache:
                         "the cache cannot see the future: staging.cache_policy clairvoyant falls back to lru", rank)
             self.policy = make_policy("lru")
 
+    def advance(self, rank, seq):
+        """``rank`` asked for its minibatch ``seq``: the future behind it no longer counts."""
+        self.future.advance(rank, seq)
+        if self.holders is not None:
+            self.holders.advance(seq)
+
+    def next_use(self, indices):
+        """Minibatches until each file is read next: by the node's ranks, or, for a file held for the job, by any node."""
+        local = self.future.next_use(indices)
+        if self.holders is not None and len(indices):
+            job = self.holders.next_use(indices)
+            if job is not None:
+                kept = self.holders.kept(indices)
+                local[kept] = np.minimum(local[kept], job[kept])
+        return local
+
     def drop_plan(self, rank):
         """Forgets what ``rank`` would have read (it left before the end of its plan)."""
         self.future.remove(rank)
 
-    def pin(self, indices):
-        """A minibatch needs ``indices`` (distinct): pins them.
+    def pin(self, indices, seq=-1):
+        """A minibatch (the ranks' step ``seq``) needs ``indices`` (distinct): pins them.
 
         Returns:
             ``(missing, waiting)``: files absent (to fetch), and every file not
             yet staged (the minibatch waits for them).
         """
         self.pins[indices] += 1
+        if self.holders is not None:
+            self.holders.asked(indices, seq)
         return indices[self.state[indices] == ABSENT], indices[self.state[indices] != STAGED]
 
     def room_for(self, nbytes):
@@ -106,7 +125,7 @@ class Cache:
         need = self.used + nbytes - self.capacity
         victims = list(self.policy.victims(self, need))
         freed = int(self.sizes[victims].sum()) if victims else 0
-        if freed < need and self.kept is not None:
+        if freed < need and self.holders is not None:
             self._spill = True  # other nodes then read those files from the source
             try:
                 victims = list(self.policy.victims(self, need))
@@ -117,10 +136,10 @@ class Cache:
 
     def evictable(self):
         """Unpinned staged files: those a policy may remove (kept ones only when nothing else can go)."""
-        free = (self.state == STAGED) & (self.pins == 0)
-        if self.kept is not None and not self._spill:
-            free &= ~self.kept
-        return np.flatnonzero(free)
+        free = np.flatnonzero((self.state == STAGED) & (self.pins == 0))
+        if self.holders is not None and not self._spill and len(free):
+            free = free[~self.holders.kept(free)]
+        return free
 
     def fetching(self, indices):
         """Fetches of ``indices`` start."""
@@ -154,8 +173,13 @@ class Cache:
         self._tick += 1
         self.used_at[indices] = self._tick
         free = indices[self.pins[indices] == 0]
-        if self.kept is not None:
-            free = free[~self.kept[free]]  # not the node's own future: others may read them
+        if self.holders is not None and len(free):
+            if self.holders.complete and self.policy.name == "clairvoyant":
+                # Every read of the job is known: only a file nobody reads again goes now. A copy
+                # another node holds too stays while there is room: a node running behind may ask for it.
+                never = np.isinf(self.holders.next_use(free)) & np.isinf(self.future.next_use(free))
+                return free[never].tolist()
+            free = free[~self.holders.kept(free)]  # not only the node's own future: others may read them
         return list(self.policy.released(self, free)) if len(free) else []
 
     def removed(self, index):

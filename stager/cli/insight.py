@@ -73,11 +73,14 @@ def _cmd_whatif(args):
     if args.calibration:
         rates, ahead = whatif.load_rates(args.calibration), 16
     else:
+        from ..cache import lookahead_depth
+
         cfg = load_config(args.config, args.set)
         with whatif.calibrated(cfg, args.report, args.compute_ms[0] if args.compute_ms else None) as (rates, catalog,
                                                                                                        cfg):
             # As the pipeline counts its window: the look-ahead, or the readers' own if longer.
-            plan_cfg, ahead = cfg.plan, max(cfg.staging.lookahead, cfg.reader.ahead or 2 * max(args.readers or [2]))
+            plan_cfg = cfg.plan
+            ahead = max(lookahead_depth(cfg.staging.lookahead), cfg.reader.ahead or 2 * max(args.readers or [2]))
     if args.save:
         whatif.save_rates(rates, args.save)
     print(f"calibration: open {rates.open_s * 1000:.2f} ms, "

@@ -177,7 +177,12 @@ class StagingConfig:
             at start from a probe of the source and this machine's cores and
             memory (``stager.model``), then grown or shrunk while running as
             the measured rates change.
-        lookahead: Minibatches staged ahead of the one being consumed.
+        lookahead: Minibatches staged ahead of the one being consumed, or
+            ``auto``: 16, cut where the node's capacity is tight to the
+            deepest look-ahead (at least 2) that leaves room beside it for
+            the node's share of the dataset, the files the job reads again
+            (said in the run's first lines). A fixed depth that takes that
+            room is warned about at start, with the bytes it costs.
         files_per_task: Files a prefetcher copies per task; 0 = a
             minibatch's missing files spread over all prefetchers, so the
             first minibatch is ready after a few opens, not a whole batch.
@@ -241,7 +246,7 @@ class StagingConfig:
     local_dir: Optional[str] = path_field(None)
     job_id: Optional[str] = None
     prefetchers: Union[int, str] = 4
-    lookahead: int = 16
+    lookahead: Union[int, str] = "auto"
     files_per_task: int = 0
     node_schedule: str = choice_field("deadline", ("deadline", "arrival"))
     keep: bool = False
@@ -265,7 +270,7 @@ class StagingConfig:
                 "staging.cache_policy 'unbounded' cannot keep to staging.capacity; choose clairvoyant, lru, fifo, "
                 "minio or none (or auto)")
         check_count(self.prefetchers, "staging.prefetchers")
-        require(self.lookahead >= 1, "staging.lookahead must be at least 1")
+        check_count(self.lookahead, "staging.lookahead")
         require(self.files_per_task >= 0, "staging.files_per_task must be 0 (automatic) or more")
         require(self.stall_timeout_s >= 0, "staging.stall_timeout_s must be 0 (wait without end) or more seconds")
         require(self.share is None or (isinstance(self.share, str) and re.fullmatch(r"[A-Za-z0-9._-]{1,64}",

@@ -61,9 +61,10 @@ class Dispatch:
         s = self.s
         first, count = self.next_task, len(missing)
         if s.peers is not None:
-            ask, missing = s.peers.route(missing, self.catalog.sizes[missing])
-            for owner, indices in s.peers.by_owner(ask):  # one task per holder
-                s.peers.submit(self._new(request), request.epoch, request.step, owner, self.files(indices))
+            groups, missing = s.peers.route(missing, self.catalog.sizes[missing], request.seq)
+            for owner, indices in groups:  # one task per holder
+                s.peers.submit(self._new(request), request.epoch, request.step, owner, self.files(indices),
+                               request.seq)
         for chunk in split_tasks(missing, self.split, s.staging.files_per_task):
             task = self._new(request)
             self.deadlines.push(request.seq, task, StageTask(task, request.epoch, request.step, self.files(chunk)))

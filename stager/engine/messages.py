@@ -167,6 +167,7 @@ class PeerFetch:
     step: int
     owner: int
     files: List[Tuple[int, str, int, Optional[int]]]
+    seq: int = -1
 
 
 @dataclass(frozen=True, slots=True)

@@ -159,10 +159,10 @@ class ServiceLoop:
         # First: the future as of the rank's previous request still counts the files this one reads.
         self.unpin(self.pins.asking(conn, msg.seq))
         if conn in self.rank_of:
-            cache.future.advance(self.rank_of[conn], msg.seq)
+            cache.advance(self.rank_of[conn], msg.seq)
         self.epoch = msg.epoch
         files = np.unique(self.to_files(msg.indices))
-        missing, pending = cache.pin(files)
+        missing, pending = cache.pin(files, msg.seq)
         self.s.telemetry.record(tm.REQUEST, msg.epoch, len(files) - len(missing), len(missing))
         self.s.telemetry.record(tm.LOCAL, msg.epoch, int(cache.sizes[files].sum() - cache.sizes[missing].sum()))
         request = _Request(conn, msg, files, missing, len(pending))

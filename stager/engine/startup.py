@@ -28,7 +28,7 @@ from .wire import Ring
 from .workerpool import WorkerPool, children_skip_mpi
 from .workers import reader_main
 from .. import plan as planlib
-from ..cache import Cache, policy_name
+from ..cache import MIN_DEPTH, Cache, depth_note, fitting_depth, lookahead_depth, policy_name, window_bytes
 from ..catalog import agreed_catalog
 from ..errors import ConfigError, StageError
 from ..sources import open_source
@@ -127,7 +127,7 @@ class Startup:
 
     def _ahead(self):
         """Minibatches the coordinator asks for past the consumer (staged, not yet read)."""
-        return max(self._staging.lookahead, self._reader.ahead or 2 * self._reader.workers)
+        return max(lookahead_depth(self._staging.lookahead), self._reader.ahead or 2 * self._reader.workers)
 
     def _join_peers(self):
         """With ``staging.peers: partition``, the leaders' communicator (collective); else None."""
@@ -161,11 +161,14 @@ class Startup:
             ranks = world.local_size if shared else 1
             batch_size = getattr(spec, "batch_size", self._plan_cfg.batch_size)
             files = self.catalog.files
+            most = spec.most_files() if hasattr(spec, "most_files") else None
+            auto = self._staging.lookahead == "auto"
             capacity, ahead, window, note = staging_capacity(self._staging, path, files.sizes, batch_size,
-                                                             self._ahead(), ranks,
-                                                             spec.most_files() if hasattr(spec, "most_files") else None)
+                                                             min(MIN_DEPTH, self._ahead()) if auto else self._ahead(),
+                                                             ranks, most)
             if note:
                 log.info("stager: %s", note)
+            ahead, window = self._fit_depth(capacity, ahead, window, files.sizes, batch_size, ranks, most)
             self._fit_ahead(ahead)
             cache = Cache(files.sizes, policy_name(self._staging.cache_policy, capacity), capacity, window,
                           self.catalog.file_index)
@@ -198,6 +201,25 @@ class Startup:
         self._fit_ahead(welcome.ahead)
         self._ch.linger = 3 * self._processes.shutdown_timeout_s  # the service's own shutdown, if this job is last
         return welcome.local_dir
+
+    def _fit_depth(self, capacity, ahead, window, sizes, batch_size, ranks, most):
+        """The node's look-ahead: ``auto``'s depth for the capacity; a fixed one, warned about when it costs.
+
+        Returns:
+            ``(ahead, window)``: minibatches per rank, and the bytes their window may pin.
+        """
+        total = int(sizes.sum())
+        depth, keep = fitting_depth(capacity, total, len(sizes), batch_size, ranks, ranks / max(1, self.world.size))
+        step = ranks * batch_size * total / max(1, len(sizes))
+        said = depth_note(self._staging.lookahead, depth, capacity, keep, step)
+        if said is not None:
+            getattr(log, said[0])("stager: %s", said[1])
+        if self._staging.lookahead != "auto":
+            return ahead, window
+        ahead = min(self._ahead(), depth)
+        while ahead > 1 and capacity is not None and window_bytes(sizes, batch_size, ahead, ranks, most) > capacity:
+            ahead -= 1
+        return ahead, window_bytes(sizes, batch_size, ahead, ranks, most)
 
     def _fit_ahead(self, ahead):
         """Cuts this rank's look-ahead (staged and decoded ahead) to ``ahead``, the most the node cache fits."""

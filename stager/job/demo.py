@@ -17,7 +17,7 @@ DEMO = {
     "synthetic": {"samples": 2048, "bytes": 110_000, "classes": 10, "seed": 0},
     "slowfs": {"enabled": True, "open_ms": 20.0, "mbps": 200.0},
     "plan": {"batch_size": 32, "epochs": 1, "seed": 0, "shuffle": True, "drop_last": False},
-    "staging": {"enabled": True, "prefetchers": 8, "lookahead": 16},
+    "staging": {"enabled": True, "prefetchers": 8, "lookahead": "auto"},
     "reader": {"workers": 2},
     "run": {"compute_ms": 20.0},
 }

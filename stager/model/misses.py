@@ -76,8 +76,8 @@ class NodeReplay:
         policy: ``staging.cache_policy`` (``auto``: clairvoyant with a capacity).
         ahead: Minibatches each rank asks for past its reading (``staging.lookahead``).
         to_files: Maps samples to the files holding them, or None.
-        kept: Per file, whether other nodes count on this one holding it
-            (``Cache.kept``, with peers), or None.
+        holders: Which files other nodes count on this one holding
+            (``Cache.holders``, with peers), or None.
 
     Attributes:
         cache: The node's ``cache.Cache``.
@@ -86,11 +86,11 @@ class NodeReplay:
         ConfigError: For a capacity below the look-ahead window (as ``stager run`` would).
     """
 
-    def __init__(self, sizes, spec, ranks, capacity=None, policy="auto", ahead=16, to_files=None, kept=None):
+    def __init__(self, sizes, spec, ranks, capacity=None, policy="auto", ahead=16, to_files=None, holders=None):
         self.sizes = np.asarray(sizes, dtype=np.int64)
         window = check_window(capacity, self.sizes, spec.batch_size, ahead, len(ranks), spec.most_files())
         self.cache = Cache(self.sizes, policy_name(policy, capacity), capacity, window, to_files)
-        self.cache.kept = kept
+        self.cache.holders = holders
         for rank in ranks:
             self.cache.add_plan(rank, spec)
         self._to_files = to_files
@@ -114,9 +114,9 @@ class NodeReplay:
         cache = self.cache
         while len(self._pending) >= self._most:
             self._read_oldest()
-        cache.future.advance(rank, seq)
+        cache.advance(rank, seq)
         files = np.unique(indices if self._to_files is None else self._to_files(indices))
-        missing, _ = cache.pin(files)
+        missing, _ = cache.pin(files, seq)
         while True:
             victims = cache.room_for(int(self.sizes[missing].sum()))
             if victims is not None:

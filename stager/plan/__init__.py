@@ -12,7 +12,7 @@ the node's service, ``resume`` is the one position model that resume uses.
 """
 
 from .batching import Minibatch, iterate, stream
-from .lookup import Reads, next_uses, read_at
+from .lookup import Reads, job_reads, next_uses, read_at
 from .order import epoch_minibatches, epoch_order, fit_to_ranks, permutation, rank_share, steps_per_epoch
 from .resume import STATE_VERSION, Position, ResumeMismatch, check_count, resume_position, resume_state
 from .shares import epoch_share, fitted_length, step_count
@@ -20,6 +20,6 @@ from .shuffles import SHUFFLES
 from .spec import PlanSpec, bound_shuffle
 
 __all__ = ["Minibatch", "PlanSpec", "Position", "Reads", "ResumeMismatch", "SHUFFLES", "STATE_VERSION", "bound_shuffle",
-           "check_count", "epoch_minibatches", "epoch_order", "epoch_share", "fit_to_ranks", "fitted_length", "iterate",
+           "check_count", "epoch_minibatches", "epoch_order", "epoch_share", "fit_to_ranks", "fitted_length", "iterate", "job_reads",
            "next_uses", "permutation", "read_at", "rank_share", "resume_position", "resume_state", "step_count",
            "steps_per_epoch", "stream"]

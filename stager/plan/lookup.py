@@ -102,3 +102,44 @@ def next_uses(spec, ranks, position, horizon):
     order = np.argsort(distance, kind="stable")
     unique, first = np.unique(indices[order], return_index=True)
     return unique, distance[order][first]
+
+
+def job_reads(spec, node_of_rank, to_files=None, files=None):
+    """Every read of the whole job, by node: what each node reads at each of its steps.
+
+    Args:
+        spec: The job's ``PlanSpec`` (finite epochs).
+        node_of_rank: Per rank, its node's index.
+        to_files: Maps samples to the files holding them, or None.
+        files: Number of files (default: one past the largest file read).
+
+    Returns:
+        ``(steps, nodes, files, epoch_of_step)``: one entry per distinct
+        (step, node, file), sorted by step, then node, then file; steps are
+        the ranks' minibatch sequence numbers (0 at ``spec.start``, counted
+        across epochs, as every rank's coordinator numbers them), and
+        ``epoch_of_step`` gives each step's epoch.
+
+    Raises:
+        ValueError: For a plan without end (``epochs: 0``).
+    """
+    if not spec.epochs:
+        raise ValueError("the job's reads can be listed only for a plan with a finite number of epochs")
+    node_of_rank = np.asarray(node_of_rank, dtype=np.int64)
+    samples = np.arange(spec.samples, dtype=np.int64)
+    target = samples if to_files is None else np.asarray(to_files(samples), dtype=np.int64)
+    parts = []
+    for epoch in range(spec.start.epoch, spec.epochs):
+        reads = read_at(spec, epoch, samples)
+        read = reads.step >= 0
+        parts.append(np.stack([np.full(int(read.sum()), epoch), reads.step[read], node_of_rank[reads.rank[read]],
+                               target[read]]))
+    table = np.concatenate(parts, axis=1) if parts else np.zeros((4, 0), dtype=np.int64)
+    nfiles = int(files if files is not None else (table[3].max() + 1 if table.shape[1] else 1))
+    nnodes = int(node_of_rank.max()) + 1 if len(node_of_rank) else 1
+    per_epoch = int(table[1].max()) + 1 if table.shape[1] else 1
+    key = np.unique(((table[0] * per_epoch + table[1]) * nnodes + table[2]) * nfiles + table[3])
+    step_key, rest = np.divmod(key, nnodes * nfiles)
+    node, file = np.divmod(rest, nfiles)
+    distinct, steps = np.unique(step_key, return_inverse=True)
+    return steps.astype(np.int64), node, file, distinct // per_epoch

@@ -5,18 +5,19 @@ follow from the plan, and a clairvoyant cache decides from the plan alone.
 So the demand is computed before any time is simulated, by replaying each
 node's requests through ``model.misses.NodeReplay`` (the engine's
 ``cache.Cache`` and policy). With peers, a file a node misses is asked of
-its owner (``engine.peers.ownership``): it comes from the owner while the
-owner holds it or has not yet staged it (the owner's fetcher then waits for
-it, as the engine's does), and from the source once the owner has dropped
-it.
+its holder (``engine.peers.holders``, the engine's own rule): it comes from
+the holder while the holder has it or will (the fetcher then waits for it,
+as the engine's does), and from the source once the holder has dropped it.
 
 Only ``tracked`` nodes are replayed; the others are exchangeable with them
 (every node's share of a random permutation looks alike), so node ``n`` is
-simulated with the demand of tracked node ``n mod K``. Whether an untracked
-owner still holds a file is estimated from the tracked nodes: the share of
-its owned files they have dropped by then, taken from the highest indices
-down, as the clairvoyant policy's tie rule drops them. With every node
-tracked, nothing is estimated.
+simulated with the demand of tracked node ``n mod K``. With every node
+tracked, nothing is estimated and holders follow the engine's rule (the
+last node to read a file holds it). With fewer, files are held by their
+first-epoch readers (``FirstReaders``), and whether an untracked owner still
+holds a file is estimated from the tracked nodes: the share of its owned
+files they have dropped by then, taken from the highest indices down, as
+the clairvoyant policy's tie rule drops them.
 """
 
 from dataclasses import dataclass
@@ -24,9 +25,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..cache import ABSENT
+from ..engine.peers.holders import BUDGET, FirstReaders, LatestReaders
 from ..engine.peers.ownership import NO_OWNER, first_epoch_owners
 from ..model.misses import NodeReplay
-from ..plan import read_at
+from ..plan import job_reads, read_at
 
 # Ownership is evaluated rank by rank (the engine's own function) up to this
 # many ranks; beyond it, from the inverse of the first epoch's permutation in
@@ -143,6 +145,56 @@ class _Holders:
         return out
 
 
+class _HeldShare:
+    """Whether an untracked node still holds a file it holds for the job (``LatestReaders``), estimated.
+
+    Nodes are exchangeable: the share of the files the tracked nodes hold
+    for the job that they have dropped by now stands for every node's, and a
+    fixed pseudo-random place per file says which files that share is.
+    """
+
+    SAMPLE = 20_000  # files looked at per update
+
+    def __init__(self, rules, replays, files):
+        self.rules, self.replays = rules, replays
+        self.place = (np.arange(files) * 0.6180339887498949) % 1.0
+        self.sample = np.arange(0, files, max(1, files // self.SAMPLE))
+        self.gone_share = 0.0
+
+    def update(self):
+        kept = gone = 0
+        for node, replay in self.replays.items():
+            mine = self.sample[self.rules[node].kept(self.sample)]
+            kept += len(mine)
+            gone += int((replay.cache.state[mine] == ABSENT).sum())
+        self.gone_share = gone / kept if kept else 0.0
+
+    def held(self, files):
+        return self.place[files] < 1.0 - self.gone_share
+
+
+def _rules(spec, files, nodes, ranks_per_node, to_files):
+    """Per node, its holders' rule: the engine's (``LatestReaders``) where the job's reads can be listed."""
+    node_of_rank = np.repeat(np.arange(nodes, dtype=np.int32), ranks_per_node)
+    if spec.epochs and spec.samples * (spec.epochs - spec.start.epoch) <= BUDGET:
+        steps, node, read, _ = job_reads(spec, node_of_rank, to_files, files)
+        rule = LatestReaders(steps, node, read, 0, files)
+        return [rule.for_node(n) for n in range(nodes)], (steps, node, read)
+    owner = owners(spec, files, nodes, ranks_per_node, to_files)
+    return [FirstReaders(owner, n) for n in range(nodes)], None
+
+
+def _hand_on(rules, listed, seq, tracked):
+    """Untracked nodes read their step ``seq``: tracked holders hand them what they hold for them."""
+    steps, node, read = listed
+    lo, hi = np.searchsorted(steps, [seq, seq + 1])
+    away = node[lo:hi] >= tracked
+    files = read[lo:hi][away]
+    holder = rules[0].holder(files, seq)
+    for h in np.unique(holder[(holder >= 0) & (holder < tracked)]).tolist():
+        rules[h].served(files[holder == h], seq)
+
+
 def node_demand(sizes, spec, nodes, ranks_per_node, tracked=None, capacity=None, policy="auto", ahead=16,
                 peers=False, to_files=None):
     """Each tracked node's reads per step, from the plan and the engine's cache.
@@ -164,10 +216,13 @@ def node_demand(sizes, spec, nodes, ranks_per_node, tracked=None, capacity=None,
     """
     sizes = np.asarray(sizes, dtype=np.int64)
     tracked = nodes if tracked is None else max(1, min(tracked, nodes))
-    owner = owners(spec, len(sizes), nodes, ranks_per_node, to_files) if peers else None
+    rules, listed = _rules(spec, len(sizes), nodes, ranks_per_node, to_files) if peers else (None, None)
     replays = {n: NodeReplay(sizes, spec, range(n * ranks_per_node, (n + 1) * ranks_per_node), capacity, policy,
-                             ahead, to_files, kept=None if owner is None else owner == n) for n in range(tracked)}
-    holders = _Holders(owner, replays) if owner is not None else None
+                             ahead, to_files, None if rules is None else rules[n]) for n in range(tracked)}
+    latest = rules is not None and isinstance(rules[0], LatestReaders)
+    holders = None
+    if rules is not None:
+        holders = _HeldShare(rules, replays, len(sizes)) if latest else _Holders(rules[0].owners, replays)
     rows = {n: [] for n in range(tracked)}
     epochs = []
     streams = {n: zip(*(spec.minibatches(r) for r in range(n * ranks_per_node, (n + 1) * ranks_per_node)))
@@ -182,13 +237,24 @@ def node_demand(sizes, spec, nodes, ranks_per_node, tracked=None, capacity=None,
                 local.append(np.setdiff1d(files, missing, assume_unique=True))
             fetched, local = np.concatenate(fetched), np.concatenate(local)
             from_peer = np.zeros(len(fetched), dtype=bool)
-            if holders is not None and len(fetched):
-                elsewhere = (owner[fetched] != NO_OWNER) & (owner[fetched] != n)
-                from_peer[elsewhere] = holders.held(fetched[elsewhere])
+            if rules is not None and len(fetched):
+                owner = rules[n].holder(fetched, seq, n)
+                elsewhere = (owner != NO_OWNER) & (owner != n)
+                for i, f, o in zip(np.flatnonzero(elsewhere).tolist(), fetched[elsewhere].tolist(),
+                                   owner[elsewhere].tolist()):
+                    if o in replays:
+                        cache = replays[o].cache
+                        from_peer[i] = cache.state[f] != ABSENT or rules[o].to_come(f, cache, seq)
+                    else:
+                        from_peer[i] = holders.held(np.array([f]))[0]
+                    if from_peer[i]:
+                        rules[o].served(f, seq)
             source, peer = fetched[~from_peer], fetched[from_peer]
             rows[n].append((len(source), sizes[source].sum(), len(peer), sizes[peer].sum(), len(local),
                             sizes[local].sum(), len(minibatches[0].indices)))
-        if holders is not None and tracked < nodes:
+        if listed is not None and tracked < nodes:
+            _hand_on(rules, listed, seq, tracked)
+        if holders is not None and tracked < nodes and (not latest or seq % 8 == 0):
             holders.update()
     demand = []
     for n in range(tracked):

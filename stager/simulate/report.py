@@ -29,6 +29,13 @@ def text(result):
         lines.append(f"{name:26s} {m['seconds']:9.2f} {m['stall']:6.1%} {m['source_files']:18,d} "
                      f"{m['source_files_per_node']:9,.0f} {m['source_bytes'] / 1e9:8.2f} {m['peak_opens_per_s']:13,.0f} "
                      f"{m['peak_mb_per_s']:10,.0f}")
+    best, ours = result.get("optimum"), result["methods"].get("stager")
+    if best is not None and ours is not None:
+        ratio = ours["source_files"] / best["files"] if best["files"] else float("nan")
+        lines += ["", f"job-wide optimum (Belady's rule over every node's plan, the same capacities and look-ahead): "
+                      f"{best['files']:,d} files from the source ({best['files'] / result['files']:.2f}x the dataset); "
+                      f"stager {ours['source_files']:,d} ({ratio:.3f}x the optimum)",
+                  "  per epoch: " + " / ".join(f"{n:,d}" for n in best["per_epoch"])]
     lines.append("")
     lines.append("per epoch (time s / files from source / from peers):")
     for method, m in result["methods"].items():

@@ -18,9 +18,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from .demand import node_demand
+from .optimum import job_optimum
 from .des import Job
 from .report import KIND
-from ..cache import parse_capacity, policy_name
+from ..cache import fitting_depth, lookahead_depth, parse_capacity, policy_name
 from ..engine.autocounts import prefetcher_limit, source_limit
 from ..engine.perf import Rates, Tuner, choose_counts
 from ..errors import ConfigError
@@ -53,6 +54,10 @@ def _count(value, key):
         raise ConfigError(f"stager simulate needs a number for {key}, not {value!r}: set one with --set {key}=N")
     return value
 
+
+# The job-wide optimum is computed up to this many reads per epoch (about a
+# second of Python for each million).
+OPTIMUM_READS = 4_000_000
 
 def capacity_bytes(staging, profile, dataset_bytes):
     """``staging.capacity`` in bytes on a profile's node, or None (unbounded)."""
@@ -102,8 +107,11 @@ def simulate(cfg, profile, layout, sizes, to_files=None, containers=None, method
     readers = auto[1] if reader.workers == "auto" else _count(reader.workers, "reader.workers")
     tuner = auto[2] if staging.prefetchers == "auto" else None
     read_ahead = reader.ahead or 2 * readers
-    ahead = max(staging.lookahead, read_ahead)
     capacity = capacity_bytes(staging, profile, int(sizes.sum()))
+    ahead = max(lookahead_depth(staging.lookahead), read_ahead)
+    if staging.lookahead == "auto":  # as the engine's start fits it to the node's capacity
+        ahead = min(ahead, fitting_depth(capacity, int(sizes.sum()), len(sizes), spec.batch_size,
+                                         layout.ranks_per_node, 1 / layout.nodes)[0])
     compute_ms = profile.costs.compute_ms if profile.costs.compute_ms is not None else cfg.run.compute_ms
     out = {"kind": KIND, "nodes": layout.nodes, "ranks_per_node": layout.ranks_per_node, "samples": samples, "files": len(sizes),
            "dataset_bytes": int(sizes.sum()), "epochs": spec.epochs, "batch_size": spec.batch_size,
@@ -120,6 +128,9 @@ def simulate(cfg, profile, layout, sizes, to_files=None, containers=None, method
         return demands[key]
 
     peers = staging.peers == "partition"
+    if peers and capacity is not None and "stager" in methods and spec.samples <= OPTIMUM_READS:
+        node_of_rank = np.repeat(np.arange(layout.nodes), layout.ranks_per_node)
+        out["optimum"] = job_optimum(sizes, spec, node_of_rank, [capacity] * layout.nodes, ahead, to_files)
     for method in methods:
         begin = time.process_time()
         if method == "stage-all" and capacity is not None and capacity < sizes.sum():

@@ -141,7 +141,9 @@ def judge(report):
                                            + ", ".join(f"{s} {r:.1f}x the demand" for s, r in sorted(ratios.items()))
                                            + (f"; prefetchers busy {util:.0%}" if staged else "")
                                            + "): the work is asked for too late", ratios=ratios)
-            if staged and lookahead:
+            if staged and lookahead == "auto":
+                verdict.advice.append("ask further ahead: staging.lookahead: 32 (now auto, at most 16)")
+            elif staged and lookahead:
                 verdict.advice.append(f"ask further ahead: staging.lookahead: {2 * lookahead} (now {lookahead})")
             elif not staged:
                 verdict.advice.append("enable staging (staging.enabled: true) so files are fetched ahead of the "

@@ -46,7 +46,7 @@ def dirs():
     shutil.rmtree(tmp_path)
 
 
-def transfer(comm, dirs, names, to_come=lambda index: False):
+def transfer(comm, dirs, names, to_come=lambda index, seq: False):
     source, holder, requester, files = dirs
     telemetry = Telemetry()
     server = PeerServer(comm, str(holder), telemetry, 30, to_come)

@@ -1,7 +1,8 @@
 """``clairvoyant``: Belady's rule on the node's known future (NoPFS).
 
 Every future epoch's order follows from the seed, so the node knows when each
-file will be read next by any of its ranks, across epoch boundaries. Room is
+file will be read next by any of its ranks, across epoch boundaries (and,
+for a file it holds for other nodes, by any rank of the job). Room is
 made by removing the unpinned file whose next read is farthest away; a file
 no rank reads again is removed as soon as its minibatch has been read.
 """
@@ -24,7 +25,7 @@ class Clairvoyant:
         if not len(candidates):
             return []
         # Farthest next use first; among equals, the highest index (a fixed rule).
-        order = np.lexsort((-candidates, -cache.future.next_use(candidates)))
+        order = np.lexsort((-candidates, -cache.next_use(candidates)))
         return take_until(cache, candidates[order], nbytes)
 
 

@@ -1,21 +1,25 @@
 """Node leaders share their caches over MPI (``staging.peers: partition``).
 
-Each file has an owner, the node that reads it in the plan's first epoch
-(``ownership.py``: every node computes it from the plan, nothing is
-exchanged). The owner reads it from the shared file system and keeps it
-while it can; other nodes ask the owner's leader for it (``protocol.py``,
-``fetcher.py``, ``server.py``): always, by default, so the shared file
-system, which every node and job shares, is read once per file; with
+Each file has a holder at each step, the node that read it last
+(``holders.py``: every node computes it from the plan, nothing is
+exchanged). The first node to read a file reads it from the shared file
+system; the next asks that node's leader for it (``protocol.py``,
+``fetcher.py``, ``server.py``) and holds it from then on: always, by
+default, so the shared file system, which every node and job shares, is
+read once per file while the nodes together have room for it; with
 ``staging.peer_choice: measured`` when the measured rates (``model.py``)
-say that is faster. They fall back to the shared file system when the
-owner no longer has it, or has not staged it or answered within the stall
-limit (counted: ``files_after_peer``).
+say that is faster. Each holder keeps its files by when any node reads them
+next. Nodes fall back to the shared file system when the holder no longer
+has the file, or has not staged it or answered within the stall limit
+(counted: ``files_after_peer``).
 """
 
+from .holders import FirstReaders, LatestReaders, job_holders
 from .node import Peers
 from .ownership import NO_OWNER, first_epoch_owners, leader_of_rank
 
-__all__ = ["NO_OWNER", "Peers", "first_epoch_owners", "leader_of_rank", "node_peers"]
+__all__ = ["FirstReaders", "LatestReaders", "NO_OWNER", "Peers", "first_epoch_owners", "job_holders",
+           "leader_of_rank", "node_peers"]
 
 
 def node_peers(link, spec, catalog, source, root, threads, telemetry, choice="holder", wait_s=0.0):
@@ -33,6 +37,6 @@ def node_peers(link, spec, catalog, source, root, threads, telemetry, choice="ho
         wait_s: ``staging.stall_timeout_s``: how long a holder may take.
     """
     comm, node_of_rank = link
-    owners = first_epoch_owners(spec, len(catalog.files), len(node_of_rank), leader_of_rank(node_of_rank),
-                                catalog.file_index)
-    return Peers(comm, owners, source, root, threads, telemetry, choice, wait_s)
+    holders = job_holders(spec, len(catalog.files), leader_of_rank(node_of_rank), comm.Get_rank(),
+                          catalog.file_index)
+    return Peers(comm, holders, source, root, threads, telemetry, choice, wait_s)

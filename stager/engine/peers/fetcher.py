@@ -97,7 +97,7 @@ class PeerFetcher:
             tag = FIRST_REPLY_TAG + next(self._tags) % REPLY_TAGS
             done, pending, answered = [], [], 0
             try:
-                ask_for(self.comm, task.owner, Ask([f[:3] for f in todo], task.epoch, tag), self.timeout_s)
+                ask_for(self.comm, task.owner, Ask([f[:3] for f in todo], task.epoch, tag, task.seq), self.timeout_s)
                 for f in todo:  # the answers come in the order asked
                     outcome = self._receive(task.owner, tag, f, max(deadline - time.monotonic(), 0.0))
                     answered += 1

@@ -1,4 +1,4 @@
-"""A node leader's part in sharing caches: ownership, the server, the fetchers, the model."""
+"""A node leader's part in sharing caches: who holds what, the server, the fetchers, the model."""
 
 import logging
 import time
@@ -22,7 +22,7 @@ class Peers:
 
     Args:
         comm: The leaders' communicator (mpi4py); this leader is ``comm.Get_rank()``.
-        owners: Per file, the leader that owns it (``ownership.first_epoch_owners``).
+        holders: Which leader holds each file at each step (``holders.job_holders``).
         source: The ``Source``, for falling back.
         root: The job's node-local directory.
         threads: Fetch threads (the number of prefetchers).
@@ -37,12 +37,12 @@ class Peers:
         model: The measured rates of both ways (``RateModel``).
     """
 
-    def __init__(self, comm, owners, source, root, threads, telemetry, choice="holder", wait_s=TIMEOUT_S):
-        self.comm, self.me, self.owners = comm, comm.Get_rank(), owners
+    def __init__(self, comm, holders, source, root, threads, telemetry, choice="holder", wait_s=TIMEOUT_S):
+        self.comm, self.me, self.holders = comm, comm.Get_rank(), holders
         self.choice = choice
         self.model = RateModel()
         self.cache = None
-        self.server = PeerServer(comm, root, telemetry, TIMEOUT_S, self._to_come)
+        self.server = PeerServer(comm, root, telemetry, TIMEOUT_S, self._to_come, holders.served)
         self.fetcher = PeerFetcher(comm, source, root, threads, wait_s or TIMEOUT_S)
         self.fetcher_sizes = []
 
@@ -56,22 +56,23 @@ class Peers:
         self.fetcher.start()
 
     def keep_in(self, cache):
-        """Makes the node's ``Cache`` keep the files this node owns (the others count on it)."""
+        """Makes the node's ``Cache`` keep the files this node holds for the job (the others count on it)."""
         self.cache = cache
-        cache.kept = self.owners == self.me
+        cache.holders = self.holders
 
-    def _to_come(self, index):
-        # Read from the server thread: admitted_at only ever goes from 0 to a tick.
-        return self.cache is not None and self.owners[index] == self.me and self.cache.admitted_at[index] == 0
+    def _to_come(self, index, seq):
+        # Called from the server thread: it reads the cache's state, which only
+        # this answer's timing depends on (a stale read answers PENDING or MISSING).
+        return self.cache is not None and bool(self.holders.to_come(index, self.cache, seq))
 
-    def route(self, indices, sizes):
-        """Splits files to fetch into ``(from their holders, from the shared file system)``.
+    def route(self, indices, sizes, seq):
+        """Splits files to fetch at step ``seq`` into ``([(holder, files)...], from the shared file system)``.
 
-        A file another node owns goes to that node (with ``measured``, when
+        A file another node holds goes to that node (with ``measured``, when
         the model expects that to be faster than opening it on the shared
         file system), unless that node stopped answering.
         """
-        owners = self.owners[indices]
+        owners = self.holders.holder(indices, seq, self.me)
         elsewhere = (owners != NO_OWNER) & (owners != self.me)
         if self.fetcher.silent:
             elsewhere &= ~np.isin(owners, list(self.fetcher.silent))
@@ -80,7 +81,8 @@ class Peers:
         else:
             ask = np.zeros(len(indices), dtype=bool)
             ask[elsewhere] = self.model.peer_faster(sizes[elsewhere])
-        return indices[ask], indices[~ask]
+        groups = [(int(o), indices[ask & (owners == o)]) for o in np.unique(owners[ask])]
+        return groups, indices[~ask]
 
     def measure(self, msg):
         """Feeds the model with how long a fetch (a ``Staged``) took, by the way it went."""
@@ -92,14 +94,9 @@ class Peers:
         elif copied and len(copied) == len(msg.done):  # a file already there would make the open look free
             self.model.from_source(len(copied), sum(copied), msg.seconds)
 
-    def by_owner(self, indices):
-        """``(owner, indices)`` for each holder of ``indices``."""
-        owners = self.owners[indices]
-        return [(int(o), indices[owners == o]) for o in np.unique(owners)]
-
-    def submit(self, task, epoch, step, owner, files):
-        """Queues ``files`` (``(index, relpath, size, mtime_ns)``) to be asked from leader ``owner``."""
-        self.fetcher.tasks.put(PeerFetch(task, epoch, step, owner, files))
+    def submit(self, task, epoch, step, owner, files, seq=-1):
+        """Queues ``files`` (``(index, relpath, size, mtime_ns)``) to be asked from leader ``owner`` for step ``seq``."""
+        self.fetcher.tasks.put(PeerFetch(task, epoch, step, owner, files, seq))
 
     def close(self, wait_s, timeout_s):
         """Stops fetching; serves the other leaders until all have stopped fetching too, or ``wait_s`` passed.

@@ -49,11 +49,14 @@ class Ask:
             only a copy of this size).
         epoch: The requester's epoch (the holder's counters).
         tag: The tag the holder answers on.
+        seq: The requester's minibatch sequence number (the step the
+            holder hands the files on for), or -1.
     """
 
     files: list
     epoch: int
     tag: int
+    seq: int = -1
 
 
 @dataclass(frozen=True, slots=True)

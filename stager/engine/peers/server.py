@@ -22,13 +22,16 @@ class PeerServer:
         root: The job's node-local directory.
         telemetry: Where each answer is recorded (``SERVED``).
         timeout_s: How long a requester may take to receive an answer.
-        to_come: Callable ``(index) -> bool``: whether a file not here yet
-            will be (this node owns it and has not staged it so far).
+        to_come: Callable ``(index, seq) -> bool``: whether a file not here
+            yet will be, for the requester's step ``seq`` (this node reads
+            it before that step and has not staged it so far).
+        on_served: Callable ``(index, seq)``: a file was sent for the
+            requester's step ``seq``.
     """
 
-    def __init__(self, comm, root, telemetry, timeout_s, to_come):
+    def __init__(self, comm, root, telemetry, timeout_s, to_come, on_served=lambda index, seq: None):
         self.comm, self.root, self.telemetry, self.timeout_s = comm, root, telemetry, timeout_s
-        self.to_come = to_come
+        self.to_come, self.on_served = to_come, on_served
         self._halt = threading.Event()
         self._thread = threading.Thread(target=self._run, name="stager-peer-server", daemon=True)
 
@@ -50,8 +53,11 @@ class PeerServer:
             peer = status.Get_source()
             ask = self.comm.recv(source=peer, tag=ASK)
             try:
-                for index, sent in serve(self.comm, peer, ask, self.root, self.timeout_s, self.to_come):
+                to_come = lambda index, seq=ask.seq: self.to_come(index, seq)  # noqa: E731
+                for index, sent in serve(self.comm, peer, ask, self.root, self.timeout_s, to_come):
                     self.telemetry.record(tm.SERVED, index, sent, ask.epoch)
+                    if sent > 0:
+                        self.on_served(index, ask.seq)
             except (OSError, PeerTimeout) as exc:
                 log.warning("stager: could not answer node leader %s: %s", peer, exc)
 

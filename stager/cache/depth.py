@@ -1,0 +1,75 @@
+"""How deep the look-ahead may be: ``staging.lookahead: auto``, and what a fixed depth costs.
+
+A look-ahead pins its minibatches' files on the node from the moment they
+are asked for until they are read. Beyond hiding the source's latency that
+depth buys nothing, and on a node whose cache is tight it takes the room of
+files the job will read again: with peers, the files this node holds for
+the others; without, the ones its own ranks read next epoch. ``auto`` is
+the deepest look-ahead that leaves room for the node's share of the
+dataset beside it, between ``MIN_DEPTH`` and ``AUTO_DEPTH`` minibatches;
+with room to spare (or no capacity), ``AUTO_DEPTH``.
+"""
+
+from .capacity import human
+
+AUTO_DEPTH = 16  # minibatches: the depth where room is no concern (the former default)
+MIN_DEPTH = 2    # one minibatch being read and the next being staged
+
+
+def lookahead_depth(configured):
+    """``staging.lookahead`` as minibatches, before the node's capacity is known (``auto``: ``AUTO_DEPTH``)."""
+    return AUTO_DEPTH if configured == "auto" else int(configured)
+
+
+def fitting_depth(capacity, total_bytes, files, batch_size, ranks, share):
+    """The deepest look-ahead that leaves the node room for its share of the dataset.
+
+    Args:
+        capacity: The node cache's bytes, or None (unbounded).
+        total_bytes, files: The dataset's bytes and files.
+        batch_size: Samples per minibatch on one rank (one file each).
+        ranks: Ranks of the node.
+        share: The part of the dataset the node holds for the job (its ranks over all ranks).
+
+    Returns:
+        ``(depth, keep)``: minibatches (at least ``MIN_DEPTH``, at most
+        ``AUTO_DEPTH``), and the bytes the node keeps for the job.
+    """
+    keep = int(total_bytes * share)
+    if capacity is None or not files:
+        return AUTO_DEPTH, keep
+    step = ranks * batch_size * total_bytes / files  # one minibatch of each of the node's ranks, files of mean size
+    fits = int((capacity - keep) // step) if step else AUTO_DEPTH
+    return max(MIN_DEPTH, min(AUTO_DEPTH, fits)), keep
+
+
+def depth_note(configured, depth, capacity, keep, step_bytes):
+    """What the run's start says about the look-ahead, or None.
+
+    Args:
+        configured: ``staging.lookahead`` (``auto`` or minibatches).
+        depth: ``fitting_depth``'s depth.
+        capacity: The node cache's bytes, or None.
+        keep: The bytes the node keeps for the job.
+        step_bytes: Bytes one step of the look-ahead pins on the node (mean).
+
+    Returns:
+        ``(level, text)``: ``info`` for ``auto`` cut below ``AUTO_DEPTH``,
+        ``warning`` for a fixed depth that takes the room of files the job
+        reads again (the bytes it costs per epoch, at most), else None.
+    """
+    if capacity is None:
+        return None
+    if configured == "auto":
+        if depth >= AUTO_DEPTH:
+            return None
+        return "info", (f"staging.lookahead auto: {depth} minibatches, so that the {human(keep)} this node keeps "
+                        f"for the job fit beside the look-ahead in staging.capacity {human(capacity)}")
+    pinned = int(configured) * step_bytes
+    over = min(keep, pinned + keep - capacity)
+    if int(configured) <= depth or over <= 0:
+        return None
+    return "warning", (f"staging.lookahead {configured} pins up to {human(pinned)} of staging.capacity "
+                       f"{human(capacity)}, leaving no room for {human(over)} of the {human(keep)} this node keeps "
+                       f"for the job: up to that much is read from the source again each epoch; "
+                       f"staging.lookahead: auto ({depth} here) keeps it")

@@ -1,0 +1,221 @@
+"""Which node holds each file for the job at each step: computed from the plan by every node alike.
+
+Two rules, one interface (``holder``, ``kept``, ``next_use``, ``to_come``):
+
+- ``LatestReaders`` (the default): a file is held for the job by the node
+  that read it last. The next node to read it fetches it from there, and
+  from then on holds it itself, so the copy a node makes to read a file is
+  the job's copy: the nodes' caches together keep each file once, and
+  a dataset that fits their total capacity is read from the shared file
+  system once per job, whatever each node holds of it. Each holder keeps
+  its files by when *any* node reads them next (Belady's rule on the whole
+  job's plan), so what the job drops is what it needs latest.
+- ``FirstReaders``: the node that reads a file in the plan's first epoch
+  holds it for the whole job. Used where the whole job's reads cannot be
+  listed: a plan without end, or more reads than ``BUDGET``.
+
+A node's position is its ranks' latest request (``advance``); where other
+nodes are is taken to be the same (data-parallel ranks keep in step).
+"""
+
+import math
+
+import numpy as np
+
+from .ownership import NO_OWNER, first_epoch_owners
+from ...plan import job_reads
+
+BUDGET = 1 << 24  # reads of the whole job listed at most: 12 bytes each
+# Steps a holder waits for the next reader to fetch a file it holds for it:
+# beyond, that reader is taken to have had its own copy.
+HANDOFF_STEPS = 64
+_HANDOFF_READS = 4  # reads by other nodes since this one's last looked through
+_STEP_BITS = 32
+
+
+class LatestReaders:
+    """The last node to read a file holds it, for the next one.
+
+    A node hands a file on when the next reader fetches it from here
+    (``served``); until then it keeps it, however far behind that reader is.
+
+    Args:
+        steps, nodes, files: Every read of the job (``plan.job_reads``).
+        me: This node's index.
+        count: Files in the catalog.
+    """
+
+    complete = True  # every read of the job is listed: no next use means never again
+
+    def __init__(self, steps, nodes, files, me, count):
+        order = np.lexsort((nodes, steps, files))
+        self.keys = (files[order].astype(np.int64) << _STEP_BITS) | steps[order]
+        self.nodes = nodes[order].astype(np.int32)
+        self.me = me
+        self.now = -1
+        self.handed = np.full(count, -1, dtype=np.int64)  # per file, the latest step a node fetched it from here for
+        self.asked_seq = np.full(count, -1, dtype=np.int64)  # per file, the latest step this node asked it for
+
+    def for_node(self, me):
+        """The same rule seen from node ``me`` (sharing the listed reads)."""
+        other = object.__new__(LatestReaders)
+        other.keys, other.nodes, other.me, other.now = self.keys, self.nodes, me, -1
+        other.handed = np.full(len(self.handed), -1, dtype=np.int64)
+        other.asked_seq = np.full(len(self.handed), -1, dtype=np.int64)
+        return other
+
+    def asked(self, indices, seq):
+        """This node's ranks asked for ``indices`` for their step ``seq``."""
+        self.asked_seq[indices] = np.maximum(self.asked_seq[indices], seq)
+
+    def served(self, index, seq):
+        """Another node fetched file ``index`` (or an array of them) from here for its step ``seq``.
+
+        Called from the server thread, the only one that writes ``handed``.
+        """
+        self.handed[index] = np.maximum(self.handed[index], seq)
+
+    def advance(self, seq):
+        """The node's ranks asked for their minibatch ``seq``."""
+        self.now = max(self.now, seq)
+
+    def holder(self, indices, seq, node=None):
+        """Per file, the node to ask for it at step ``seq`` (``NO_OWNER``: nobody read it before).
+
+        The last node to read it before ``seq``; at the same step, the
+        lowest-numbered node reading it reads it from the source and the
+        others (``node`` above it) ask that one.
+        """
+        indices = np.asarray(indices, dtype=np.int64)
+        at = (indices << _STEP_BITS) | seq
+        pos = np.searchsorted(self.keys, at)
+        out = np.full(len(indices), NO_OWNER, dtype=np.int32)
+        inside = pos < len(self.keys)
+        same = np.zeros(len(indices), dtype=bool)
+        if node is not None:
+            same[inside] = self.keys[pos[inside]] == at[inside]
+            same[same] &= self.nodes[pos[same]] < node
+            out[same] = self.nodes[pos[same]]
+        before = ~same & (pos > 0)
+        before[before] &= (self.keys[pos[before] - 1] >> _STEP_BITS) == indices[before]
+        out[before] = self.nodes[pos[before] - 1]
+        return out
+
+    def kept(self, indices):
+        """Per file, whether this node holds it for the job now.
+
+        It does while it is the last to have read it, and after that while
+        the next reader has not fetched it from here (it may be behind).
+        """
+        last, owed = self._held(indices)
+        return last | owed
+
+    def _held(self, indices):
+        """Per file: this node read it last; another node read it since and has not fetched it from here yet."""
+        indices = np.asarray(indices, dtype=np.int64)
+        pos = np.searchsorted(self.keys, (indices << _STEP_BITS) | (self.now + 1)) - 1  # the latest read so far
+        out = np.zeros(len(indices), dtype=bool)
+        valid = pos >= 0
+        valid[valid] &= (self.keys[pos[valid]] >> _STEP_BITS) == indices[valid]
+        last = np.zeros(len(indices), dtype=bool)
+        last[valid] = self.nodes[pos[valid]] == self.me
+        open_ = valid & ~last  # someone read it after this node: has the first of them fetched it from here?
+        for back in range(1, _HANDOFF_READS + 1):
+            look = open_ & (pos - back >= 0)
+            look[look] &= (self.keys[pos[look] - back] >> _STEP_BITS) == indices[look]
+            open_ &= look
+            mine = look.copy()
+            mine[look] = self.nodes[pos[look] - back] == self.me
+            step = self.keys[pos[mine] - back + 1] & ((1 << _STEP_BITS) - 1)
+            out[mine] = (self.handed[indices[mine]] < step) & (step > self.now - HANDOFF_STEPS)
+            open_ &= ~mine
+        return last, out
+
+    def next_use(self, indices):
+        """Steps until any node reads each file next (``inf``: never again; 0: a node is behind on it)."""
+        indices = np.asarray(indices, dtype=np.int64)
+        pos = np.searchsorted(self.keys, (indices << _STEP_BITS) | (self.now + 1))
+        out = np.full(len(indices), math.inf)
+        inside = pos < len(self.keys)
+        found = self.keys[pos[inside]]
+        hit = (found >> _STEP_BITS) == indices[inside]
+        where = np.flatnonzero(inside)[hit]
+        out[where] = (found[hit] & ((1 << _STEP_BITS) - 1)) - self.now
+        out[self._held(indices)[1]] = 0  # a node behind this one's requests still has to fetch it from here
+        return out
+
+    def to_come(self, index, cache, seq):
+        """Whether a file this node does not have will be here for another node's step ``seq``.
+
+        It will when this node reads it before ``seq`` and either has not
+        asked for that read yet, or has asked for it and not dropped it since
+        (its fetch is waiting for room, or under way). Whatever such a read
+        waits for lies earlier in the plan (a node admits its requests in
+        order), so waits between nodes never form a cycle. A fetch for a
+        later read of this node could itself wait on the requester: then
+        the requester reads the source instead.
+        """
+        pos = int(np.searchsorted(self.keys, (index << _STEP_BITS) | seq)) - 1
+        for back in range(_HANDOFF_READS + 1):
+            if pos - back < 0 or self.keys[pos - back] >> _STEP_BITS != index:
+                return False
+            if self.nodes[pos - back] == self.me:
+                read = int(self.keys[pos - back] & ((1 << _STEP_BITS) - 1))
+                if read > self.now:
+                    return True
+                waiting = cache is not None and (cache.state[index] == 1 or cache.pins[index] > 0)  # 1: IN_FLIGHT
+                return bool(waiting and read <= self.asked_seq[index] < seq)
+        return False
+
+
+class FirstReaders:
+    """The node that reads a file in the plan's first epoch holds it for the whole job.
+
+    Args:
+        owners: Per file, the owner's index (``ownership.first_epoch_owners``).
+        me: This node's index.
+    """
+
+    complete = False  # other nodes' later reads are not listed
+
+    def __init__(self, owners, me):
+        self.owners, self.me = owners, me
+
+    def advance(self, seq):
+        pass
+
+    def served(self, index, seq):
+        pass
+
+    def asked(self, indices, seq):
+        pass
+
+    def holder(self, indices, seq, node=None):
+        return self.owners[indices]
+
+    def kept(self, indices):
+        return self.owners[indices] == self.me
+
+    def next_use(self, indices):
+        return None
+
+    def to_come(self, index, cache, seq=-1):
+        return self.owners[index] == self.me and (cache is None or cache.admitted_at[index] == 0)
+
+
+def job_holders(spec, files, node_of_rank, me, to_files=None, budget=BUDGET):
+    """The rule for this job: ``LatestReaders`` where the job's reads can be listed, else ``FirstReaders``.
+
+    Args:
+        spec: The plan description (``PlanSpec``), or None (an order only a front end knows).
+        files: Files in the catalog.
+        node_of_rank: Per rank, its node's index among the nodes.
+        me: This node's index.
+        to_files: Maps samples to the files holding them, or None.
+        budget: The most reads to list.
+    """
+    if spec is not None and hasattr(spec, "minibatches") and spec.epochs and \
+            spec.samples * (spec.epochs - spec.start.epoch) <= budget:
+        steps, nodes, read, _ = job_reads(spec, node_of_rank, to_files, files)
+        return LatestReaders(steps, nodes, read, me, files)
+    return FirstReaders(first_epoch_owners(spec, files, len(node_of_rank), np.asarray(node_of_rank), to_files), me)

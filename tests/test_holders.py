@@ -1,0 +1,135 @@
+"""Who holds each file for the job (``engine.peers.holders``), the job-wide optimum
+(``simulate.optimum``) and the look-ahead by need (``cache.depth``): pure functions of the plan."""
+
+import math
+
+import numpy as np
+import pytest
+
+from stager.cache import AUTO_DEPTH, MIN_DEPTH, depth_note, fitting_depth
+from stager.config import PlanConfig, config_from_dict
+from stager.engine.peers import NO_OWNER, FirstReaders, LatestReaders, job_holders
+from stager.errors import ConfigError
+from stager.model.misses import NodeReplay
+from stager.plan import PlanSpec, job_reads
+from stager.simulate.optimum import job_optimum
+
+
+def reads(rows):
+    """``LatestReaders`` arrays from ``(step, node, file)`` rows."""
+    steps, nodes, files = (np.array(c, dtype=np.int64) for c in zip(*rows))
+    return steps, nodes, files
+
+
+# File 0: node 1 at step 0, node 2 at step 3, node 1 at step 5. File 1: nodes 0 and 2 at step 2 (a container).
+ROWS = [(0, 1, 0), (2, 0, 1), (2, 2, 1), (3, 2, 0), (5, 1, 0)]
+
+
+def test_the_last_node_to_read_a_file_holds_it_for_the_next():
+    rule = LatestReaders(*reads(ROWS), me=2, count=2)
+    assert rule.holder(np.array([0]), 0).tolist() == [NO_OWNER]  # nobody read it before: the source
+    assert rule.holder(np.array([0]), 3).tolist() == [1]
+    assert rule.holder(np.array([0]), 5).tolist() == [2]
+    # At one step the lowest node reads it from the source; the others ask that one.
+    assert rule.holder(np.array([1]), 2, node=2).tolist() == [0]
+    assert rule.holder(np.array([1]), 2, node=0).tolist() == [NO_OWNER]
+
+
+def test_a_holder_keeps_a_file_until_the_next_reader_fetched_it():
+    rule = LatestReaders(*reads(ROWS), me=2, count=2)
+    rule.advance(3)
+    assert rule.kept(np.array([0])).tolist() == [True]   # it read it last (step 3)
+    assert rule.next_use(np.array([0])).tolist() == [2]  # node 1 reads it at step 5
+    rule.advance(6)
+    assert rule.kept(np.array([0])).tolist() == [True]   # node 1 read it at 5 but has not fetched it from here
+    assert rule.next_use(np.array([0])).tolist() == [0]  # so it is the most urgent file to keep
+    rule.served(0, 5)
+    assert rule.kept(np.array([0])).tolist() == [False]
+    assert math.isinf(rule.next_use(np.array([0]))[0])
+
+
+def test_a_holder_answers_pending_only_for_a_read_of_its_own_before_the_askers():
+    rule = LatestReaders(*reads(ROWS), me=2, count=2)
+
+    class Cache:
+        state = np.zeros(2, dtype=np.uint8)
+        pins = np.zeros(2, dtype=np.int32)
+
+    rule.advance(1)
+    assert rule.to_come(0, Cache, 5)          # its read at 3 lies ahead of its requests
+    rule.advance(4)
+    assert not rule.to_come(0, Cache, 5)      # asked at 3, not pinned nor being fetched: dropped
+    Cache.pins[0] = 1
+    rule.asked(np.array([0]), 3)
+    assert rule.to_come(0, Cache, 5)          # asked for its step 3 and waiting for room
+    rule.asked(np.array([0]), 7)
+    assert not rule.to_come(0, Cache, 5)      # pinned for a later step, which could wait on the asker
+
+
+def test_first_readers_remain_where_the_job_cannot_be_listed():
+    spec = PlanSpec.from_config(40, PlanConfig(batch_size=5, epochs=0, seed=1), 2)
+    rule = job_holders(spec, 40, np.array([0, 1]), 0)
+    assert isinstance(rule, FirstReaders) and not rule.complete
+    finite = PlanSpec.from_config(40, PlanConfig(batch_size=5, epochs=2, seed=1), 2)
+    assert isinstance(job_holders(finite, 40, np.array([0, 1]), 0), LatestReaders)
+    assert isinstance(job_holders(finite, 40, np.array([0, 1]), 0, budget=79), FirstReaders)
+
+
+def test_job_reads_number_steps_as_the_ranks_coordinators_do():
+    spec = PlanSpec.from_config(30, PlanConfig(batch_size=4, epochs=2, seed=3), 3)
+    steps, nodes, files, epoch_of_step = job_reads(spec, [0, 1, 1])
+    for rank in range(3):
+        for seq, mb in enumerate(spec.minibatches(rank)):
+            mine = (steps == seq) & (nodes == [0, 1, 1][rank])
+            assert set(mb.indices.tolist()) <= set(files[mine].tolist())
+            assert epoch_of_step[seq] == mb.epoch
+
+
+@pytest.mark.parametrize("share", [0.15, 0.2, 0.25, 0.3])
+def test_no_replay_of_the_engines_cache_reads_less_than_the_optimum(share):
+    n, nodes = 320, 4
+    sizes = np.full(n, 1000)
+    spec = PlanSpec.from_config(n, PlanConfig(batch_size=8, epochs=3, seed=2), nodes)
+    cap = int(share * sizes.sum())
+    best = job_optimum(sizes, spec, np.arange(nodes), [cap] * nodes, 2)
+    assert best["files"] == sum(best["per_epoch"]) and best["per_epoch"][0] == n
+    steps, node, files, _ = job_reads(spec, np.arange(nodes))
+    rule = LatestReaders(steps, node, files, 0, n)
+    replays = [NodeReplay(sizes, spec, [k], cap, "clairvoyant", 2, None, rule.for_node(k)) for k in range(nodes)]
+    fetched = 0
+    for seq, step in enumerate(zip(*(spec.minibatches(k) for k in range(nodes)))):
+        for k, mb in enumerate(step):
+            fetched += len(replays[k].request(k, seq, mb.indices)[0])
+    assert best["files"] <= fetched  # nodes' fetches include peers' copies: at least the source's reads
+
+
+def test_the_optimum_reads_each_file_once_when_the_nodes_hold_the_dataset():
+    n = 200
+    sizes = np.full(n, 1000)
+    spec = PlanSpec.from_config(n, PlanConfig(batch_size=5, epochs=3, seed=4), 4)
+    assert job_optimum(sizes, spec, np.arange(4), [int(0.3 * sizes.sum())] * 4, 2)["files"] == n
+    assert job_optimum(sizes, spec, np.arange(4), [None] * 4, 2)["files"] == n
+    tight = job_optimum(sizes, spec, np.arange(4), [int(0.1 * sizes.sum())] * 4, 2)
+    # Each later epoch must read at least what the nodes cannot hold: (1 - 0.4) of the dataset.
+    assert all(e >= 0.6 * n for e in tight["per_epoch"][1:])
+
+
+def test_auto_look_ahead_leaves_room_for_the_nodes_share():
+    total, files = 100 * 1000, 100
+    assert fitting_depth(None, total, files, 4, 1, 0.25) == (AUTO_DEPTH, 25_000)
+    assert fitting_depth(10**9, total, files, 4, 1, 0.25)[0] == AUTO_DEPTH
+    # 30,000 bytes: 25,000 kept, 5,000 left: one minibatch of 4 x 1,000 fits, the floor is 2.
+    assert fitting_depth(30_000, total, files, 4, 1, 0.25) == (MIN_DEPTH, 25_000)
+    assert fitting_depth(45_000, total, files, 4, 1, 0.25)[0] == 5
+    level, text = depth_note(16, 5, 45_000, 25_000, 4000)
+    assert level == "warning" and "staging.lookahead 16 pins up to 62.5 KiB" in text and "24.4 KiB" in text
+    assert depth_note(4, 5, 45_000, 25_000, 4000) is None
+    assert depth_note("auto", 5, 45_000, 25_000, 4000)[0] == "info"
+    assert depth_note("auto", AUTO_DEPTH, None, 25_000, 4000) is None
+
+
+def test_lookahead_is_auto_by_default_and_refuses_other_words():
+    cfg = config_from_dict({"dataset": {"source": "/nonexistent"}})
+    assert cfg.staging.lookahead == "auto"
+    with pytest.raises(ConfigError, match="staging.lookahead must be a number of at least 1 or 'auto'"):
+        config_from_dict({"dataset": {"source": "/nonexistent"}, "staging": {"lookahead": "deep"}})

@@ -1,0 +1,107 @@
+"""The nodes' caches as one (``staging.peers: partition`` with a bounded capacity), under mpiexec as 4
+emulated nodes of one rank: the last node to read a file holds it for the next, the look-ahead leaves
+room for what the job reads again, and the source is read as the plan and the capacities allow."""
+
+import json
+import os
+import shutil
+
+import pytest
+
+from conftest import make_job_data
+from stager import plan
+from stager.cache import fitting_depth
+from stager.catalog import Catalog
+from stager.config import PlanConfig, load_config
+from stager.simulate import Layout, load_profile, simulate
+from test_mpi_run import MPIEXEC, assert_nothing_left, mpirun, read_records
+from test_peers_run import helper_env
+
+pytestmark = pytest.mark.skipif(not os.path.exists(MPIEXEC), reason=f"no mpiexec at {MPIEXEC} (install .[mpich])")
+
+NODES = [("a", 1), ("b", 1), ("c", 1), ("d", 1)]
+SAMPLES, BATCH, EPOCHS = 480, 8, 3
+
+
+def write_job(tmp_path):
+    # run.state_file: the ranks agree on their position every step, as data-parallel training's
+    # all-reduce keeps them in step; a node far ahead of the others holds what they have not fetched yet.
+    (tmp_path / "job.yaml").write_text(f"""
+dataset: {{source: data, manifest: manifest.tsv, loader: "peerchecks:same_as_source"}}
+synthetic: {{samples: {SAMPLES}, bytes: 3000}}
+slowfs: {{enabled: true, open_ms: 2}}
+plan: {{batch_size: {BATCH}, epochs: {EPOCHS}, seed: 7}}
+staging: {{local_dir: local, peers: partition, prefetchers: 4}}
+reader: {{workers: 2}}
+run: {{state_file: state.json}}
+""")
+    return make_job_data(tmp_path / "job.yaml")
+
+
+def capacity(tmp_path, share):
+    shutil.copytree(tmp_path / "data", tmp_path / "copy")
+    catalog = Catalog.from_manifest(str(tmp_path / "data"), "manifest.tsv")
+    return catalog, int(share * int(catalog.sizes.sum()))
+
+
+def run(tmp_path, job, name, *sets):
+    rec = tmp_path / name
+    args = ["run", job, "--record", str(rec), "--report", str(rec / "r.json")]
+    for s in sets:
+        args += ["--set", s]
+    env = helper_env(tmp_path)
+    env["STAGER_TEST_SOURCE"] = str(tmp_path / "copy")  # the loader compares with a copy: its opens are not counted
+    proc = mpirun(NODES, args, tmp_path, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    reads, _ = read_records(rec)
+    return reads, json.loads((rec / "r.json").read_text()), proc
+
+
+def check_plan_order(catalog, reads):
+    cfg = PlanConfig(batch_size=BATCH, epochs=EPOCHS, seed=7)
+    for r, lines in reads.items():  # the loader checked every sample's bytes against the source
+        expected = [[catalog.path(i) for i in m.indices] for m in plan.iterate(SAMPLES, cfg, rank=r, size=4)]
+        assert [line["samples"] for line in lines] == expected, f"rank {r} did not follow the plan"
+
+
+def test_at_30_percent_a_node_with_auto_look_ahead_each_file_is_read_once_in_the_job(tmp_path):
+    """The nodes hold 1.2x the dataset together; a look-ahead of 16 would take the room of what each node
+    holds for the others. With ``auto``, counted from outside (inotify), each file is opened once in 3 epochs."""
+    from helpers.opens import Opens
+
+    job = write_job(tmp_path)
+    catalog, cap = capacity(tmp_path, 0.30)
+    with Opens(tmp_path / "data") as opens:
+        reads, report, proc = run(tmp_path, job, "auto", f"staging.capacity={cap}")
+        counts = opens.count()
+    counts.pop("manifest.tsv", None)
+    assert dict(counts) == {p: 1 for p in catalog.paths()}
+    check_plan_order(catalog, reads)
+    assert report["reads"]["source"]["files"] == SAMPLES and report["reads"]["source_after_peer"] == 0
+    assert report["reads"]["peers"]["files"] > SAMPLES  # later epochs come from the node that read each file last
+    depth, _ = fitting_depth(cap, int(catalog.sizes.sum()), SAMPLES, BATCH, 1, 1 / len(NODES))
+    assert depth < 16 and f"staging.lookahead auto: {depth} minibatches" in proc.stderr
+    assert_nothing_left(tmp_path, job)
+
+    # The same job asking 16 minibatches ahead is told at start what that costs, and reads the source again.
+    _, fixed, proc = run(tmp_path, job, "fixed", f"staging.capacity={cap}", "staging.lookahead=16")
+    assert "staging.lookahead 16 pins up to" in proc.stderr and "read from the source again" in proc.stderr
+    assert fixed["reads"]["source"]["files"] > SAMPLES
+    assert_nothing_left(tmp_path, job)
+
+
+def test_at_20_percent_a_node_the_source_reads_follow_the_simulator_and_stay_near_the_job_wide_optimum(tmp_path):
+    """The nodes hold 0.8x the dataset together: some files must be read again. A real run reads what the
+    simulator's replay of the same policy predicts (within 5%), never less than the job-wide optimum."""
+    job = write_job(tmp_path)
+    catalog, cap = capacity(tmp_path, 0.20)
+    sets = [f"staging.capacity={cap}"]
+    reads, report, _ = run(tmp_path, job, "tight", *sets)
+    check_plan_order(catalog, reads)
+    real = report["reads"]["source"]["files"]
+    result = simulate(load_config(job, sets), load_profile(), Layout(4, 1), catalog.sizes)
+    predicted, best = result["methods"]["stager"]["source_files"], result["optimum"]["files"]
+    assert SAMPLES < best <= predicted and best <= real
+    assert abs(real - predicted) <= 0.05 * predicted, (real, predicted, best)
+    assert real <= 1.1 * best, (real, best)
+    assert_nothing_left(tmp_path, job)
