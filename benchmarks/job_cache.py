@@ -11,7 +11,7 @@ same job (``stager.simulate``) and the job-wide optimum for the same
 capacities and look-ahead (``simulate.optimum``).
 
 Then ``stager simulate``'s model at 1,024 nodes x 4 ranks (``--files``
-files of 110 KB, 8 nodes replayed file by file), the same capacities.
+files of 110 KB, batch 8, 8 nodes replayed file by file), the same capacities.
 
     .venv/bin/python benchmarks/job_cache.py --json docs/job-cache.json
 
@@ -93,7 +93,7 @@ def scale_rows(opts):
         for depth in DEPTHS:
             capacity = int(aggregate * sizes.sum() / 1024)
             cfg = config_from_dict({"dataset": {"source": "/nonexistent"},
-                                    "plan": {"batch_size": 32, "epochs": 3, "seed": 1},
+                                    "plan": {"batch_size": opts.scale_batch, "epochs": 3, "seed": 1},
                                     "staging": {"prefetchers": 8, "lookahead": depth, "peers": "partition",
                                                 "capacity": capacity},
                                     "reader": {"workers": 2}, "run": {"compute_ms": 20}})
@@ -132,7 +132,8 @@ def main():
     ap.add_argument("--open-ms", type=float, default=10.0)
     ap.add_argument("--prefetchers", type=int, default=4)
     ap.add_argument("--compute-ms", type=float, default=5.0)
-    ap.add_argument("--scale-files", type=int, default=524_288, help="files of the 1,024-node simulation")
+    ap.add_argument("--scale-files", type=int, default=262_144, help="files of the 1,024-node simulation")
+    ap.add_argument("--scale-batch", type=int, default=8, help="batch size of the 1,024-node simulation")
     ap.add_argument("--json", help="write the results here")
     opts = ap.parse_args()
     work = tempfile.mkdtemp(prefix="stager-job-cache-")

@@ -85,7 +85,7 @@ class Cache:
         """``rank`` asked for its minibatch ``seq``: the future behind it no longer counts."""
         self.future.advance(rank, seq)
         if self.holders is not None:
-            self.holders.advance(seq)
+            self.holders.advance(seq, rank)
 
     def next_use(self, indices):
         """Minibatches until each file is read next: by the node's ranks, or, for a file held for the job, by any node."""

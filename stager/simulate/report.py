@@ -34,7 +34,7 @@ def text(result):
         ratio = ours["source_files"] / best["files"] if best["files"] else float("nan")
         lines += ["", f"job-wide optimum (Belady's rule over every node's plan, the same capacities and look-ahead): "
                       f"{best['files']:,d} files from the source ({best['files'] / result['files']:.2f}x the dataset); "
-                      f"stager {ours['source_files']:,d} ({ratio:.3f}x the optimum)",
+                      f"stager's policy {ours['source_files']:,d} ({ratio:.3f}x the optimum)",
                   "  per epoch: " + " / ".join(f"{n:,d}" for n in best["per_epoch"])]
     lines.append("")
     lines.append("per epoch (time s / files from source / from peers):")

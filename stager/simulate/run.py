@@ -128,9 +128,6 @@ def simulate(cfg, profile, layout, sizes, to_files=None, containers=None, method
         return demands[key]
 
     peers = staging.peers == "partition"
-    if peers and capacity is not None and "stager" in methods and spec.samples <= OPTIMUM_READS:
-        node_of_rank = np.repeat(np.arange(layout.nodes), layout.ranks_per_node)
-        out["optimum"] = job_optimum(sizes, spec, node_of_rank, [capacity] * layout.nodes, ahead, to_files)
     for method in methods:
         begin = time.process_time()
         if method == "stage-all" and capacity is not None and capacity < sizes.sum():
@@ -149,6 +146,9 @@ def simulate(cfg, profile, layout, sizes, to_files=None, containers=None, method
             # Node 0's, in the engine's report's shape (the readers are not resized here).
             out["methods"][method]["counts_timeline"] = [
                 {"t": round(t, 4), "prefetchers": n, "in_flight": 1, "readers": readers} for t, n in job.timelines[0]]
+    if peers and capacity is not None and "stager" in methods and spec.samples <= OPTIMUM_READS:
+        node_of_rank = np.repeat(np.arange(layout.nodes), layout.ranks_per_node)
+        out["optimum"] = job_optimum(sizes, spec, node_of_rank, [capacity] * layout.nodes, ahead, to_files)
     return out
 
 

@@ -52,14 +52,15 @@ class LatestReaders:
         self.keys = (files[order].astype(np.int64) << _STEP_BITS) | steps[order]
         self.nodes = nodes[order].astype(np.int32)
         self.me = me
-        self.now = -1
+        self.now = -1      # the node's latest request, of any of its ranks
+        self._asked = {}   # per rank of the node, its latest request
         self.handed = np.full(count, -1, dtype=np.int64)  # per file, the latest step a node fetched it from here for
         self.asked_seq = np.full(count, -1, dtype=np.int64)  # per file, the latest step this node asked it for
 
     def for_node(self, me):
         """The same rule seen from node ``me`` (sharing the listed reads)."""
         other = object.__new__(LatestReaders)
-        other.keys, other.nodes, other.me, other.now = self.keys, self.nodes, me, -1
+        other.keys, other.nodes, other.me, other.now, other._asked = self.keys, self.nodes, me, -1, {}
         other.handed = np.full(len(self.handed), -1, dtype=np.int64)
         other.asked_seq = np.full(len(self.handed), -1, dtype=np.int64)
         return other
@@ -75,16 +76,19 @@ class LatestReaders:
         """
         self.handed[index] = np.maximum(self.handed[index], seq)
 
-    def advance(self, seq):
-        """The node's ranks asked for their minibatch ``seq``."""
+    def advance(self, seq, rank=0):
+        """The node's rank ``rank`` asked for its minibatch ``seq``."""
         self.now = max(self.now, seq)
+        self._asked[rank] = max(self._asked.get(rank, -1), seq)
 
     def holder(self, indices, seq, node=None):
         """Per file, the node to ask for it at step ``seq`` (``NO_OWNER``: nobody read it before).
 
         The last node to read it before ``seq``; at the same step, the
         lowest-numbered node reading it reads it from the source and the
-        others (``node`` above it) ask that one.
+        others (``node`` above it) ask that one. For the asking ``node``
+        itself, its own reads are passed over: one of its ranks that reads
+        the file earlier may not have asked for it yet.
         """
         indices = np.asarray(indices, dtype=np.int64)
         at = (indices << _STEP_BITS) | seq
@@ -99,6 +103,19 @@ class LatestReaders:
         before = ~same & (pos > 0)
         before[before] &= (self.keys[pos[before] - 1] >> _STEP_BITS) == indices[before]
         out[before] = self.nodes[pos[before] - 1]
+        if node is not None:
+            mine = np.flatnonzero(before & (out == node))
+            entry = pos[mine] - 1
+            for _ in range(_HANDOFF_READS):
+                entry = entry - 1
+                ok = entry >= 0
+                ok[ok] &= (self.keys[entry[ok]] >> _STEP_BITS) == indices[mine[ok]]
+                found = ok.copy()
+                found[ok] = self.nodes[entry[ok]] != node
+                out[mine[found]] = self.nodes[entry[found]]
+                mine, entry = mine[ok & ~found], entry[ok & ~found]
+                if not len(mine):
+                    break
         return out
 
     def kept(self, indices):
@@ -155,16 +172,17 @@ class LatestReaders:
         later read of this node could itself wait on the requester: then
         the requester reads the source instead.
         """
-        pos = int(np.searchsorted(self.keys, (index << _STEP_BITS) | seq)) - 1
+        # Up to the asker's own step: at one step, the lowest-numbered reader is asked by the others.
+        pos = int(np.searchsorted(self.keys, (index << _STEP_BITS) | (seq + 1))) - 1
         for back in range(_HANDOFF_READS + 1):
             if pos - back < 0 or self.keys[pos - back] >> _STEP_BITS != index:
                 return False
             if self.nodes[pos - back] == self.me:
                 read = int(self.keys[pos - back] & ((1 << _STEP_BITS) - 1))
-                if read > self.now:
-                    return True
+                if read > min(self._asked.values(), default=-1):
+                    return True  # the rank that reads it may not have asked yet
                 waiting = cache is not None and (cache.state[index] == 1 or cache.pins[index] > 0)  # 1: IN_FLIGHT
-                return bool(waiting and read <= self.asked_seq[index] < seq)
+                return bool(waiting and read <= self.asked_seq[index] <= seq)
         return False
 
 
@@ -181,7 +199,7 @@ class FirstReaders:
     def __init__(self, owners, me):
         self.owners, self.me = owners, me
 
-    def advance(self, seq):
+    def advance(self, seq, rank=0):
         pass
 
     def served(self, index, seq):
