@@ -14,8 +14,9 @@ Two rules, one interface (``holder``, ``kept``, ``next_use``, ``to_come``):
   holds it for the whole job. Used where the whole job's reads cannot be
   listed: a plan without end, or more reads than ``BUDGET``.
 
-A node's position is its ranks' latest request (``advance``); where other
-nodes are is taken to be the same (data-parallel ranks keep in step).
+A node's position is its ranks' latest request (``advance``). What it
+holds for another node it keeps until that node has fetched it (``served``),
+however far behind that node runs.
 """
 
 import math
@@ -53,6 +54,7 @@ class LatestReaders:
         self.nodes = nodes[order].astype(np.int32)
         self.me = me
         self.now = -1      # the node's latest request, of any of its ranks
+        self.low = -1      # the latest request of its slowest rank
         self._asked = {}   # per rank of the node, its latest request
         self.handed = np.full(count, -1, dtype=np.int64)  # per file, the latest step a node fetched it from here for
         self.asked_seq = np.full(count, -1, dtype=np.int64)  # per file, the latest step this node asked it for
@@ -60,7 +62,7 @@ class LatestReaders:
     def for_node(self, me):
         """The same rule seen from node ``me`` (sharing the listed reads)."""
         other = object.__new__(LatestReaders)
-        other.keys, other.nodes, other.me, other.now, other._asked = self.keys, self.nodes, me, -1, {}
+        other.keys, other.nodes, other.me, other.now, other.low, other._asked = self.keys, self.nodes, me, -1, -1, {}
         other.handed = np.full(len(self.handed), -1, dtype=np.int64)
         other.asked_seq = np.full(len(self.handed), -1, dtype=np.int64)
         return other
@@ -80,6 +82,7 @@ class LatestReaders:
         """The node's rank ``rank`` asked for its minibatch ``seq``."""
         self.now = max(self.now, seq)
         self._asked[rank] = max(self._asked.get(rank, -1), seq)
+        self.low = min(self._asked.values())  # an int: the server thread reads it while this runs
 
     def holder(self, indices, seq, node=None):
         """Per file, the node to ask for it at step ``seq`` (``NO_OWNER``: nobody read it before).
@@ -179,7 +182,7 @@ class LatestReaders:
                 return False
             if self.nodes[pos - back] == self.me:
                 read = int(self.keys[pos - back] & ((1 << _STEP_BITS) - 1))
-                if read > min(self._asked.values(), default=-1):
+                if read > self.low:
                     return True  # the rank that reads it may not have asked yet
                 waiting = cache is not None and (cache.state[index] == 1 or cache.pins[index] > 0)  # 1: IN_FLIGHT
                 return bool(waiting and read <= self.asked_seq[index] <= seq)
