@@ -125,6 +125,15 @@ def test_by_default_the_shared_file_system_sees_each_file_once_even_when_it_look
     assert reads["peers"]["files"] > 0 and reads["local"]["files"] > 0
     assert reads["source"]["bytes"] == sum(int(s) for s in catalog.sizes)
     assert f"reads: {SAMPLES} files" in proc.stdout
+    # Every byte by where it came from and where it went: what one node sent, the other fetched.
+    nodes = reads["nodes"]
+    assert sorted(nodes) == ["a", "b"] and reads["peers_out"] == reads["peers"]
+    for way in ("source", "peers", "peers_out", "local"):
+        assert {k: sum(n[way][k] for n in nodes.values()) for k in reads[way]} == reads[way], way
+    assert nodes["a"]["peers_out"] == nodes["b"]["peers"] and nodes["b"]["peers_out"] == nodes["a"]["peers"]
+    assert reads["local"]["samples"] == reads["local"]["files"]  # files, not containers: one sample each
+    for node in "ab":
+        assert f"  node {node}: {nodes[node]['source']['files']} files" in proc.stdout
     assert_nothing_left(tmp_path, job)
 
 

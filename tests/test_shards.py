@@ -204,6 +204,34 @@ def test_clairvoyant_over_containers_reads_the_belady_optimum_at_40_percent(tar_
     assert [e["files_from_source"] for e in table] == misses
 
 
+def test_already_local_counts_the_samples_read_from_local_containers_not_the_containers(h5_dir, tmp_path):
+    """Two epochs of HDF5 containers, all kept: what the second epoch reads locally is every sample once, with
+    the samples' bytes; a container's whole size per minibatch would count it many times over."""
+    cfg = shard_config(h5_dir, tmp_path / "local", "hdf5")
+    catalog, got, stats = run(cfg)
+    check_epochs(catalog, got, cfg)
+    first, second = stats.cache_table()
+    assert second["misses"] == 0 and second["samples_local"] == SAMPLES
+    assert second["bytes_local"] == int(catalog.sizes.sum()) <= catalog.total_bytes
+    assert second["hits"] > SAMPLES // PER_SHARD  # a container is a hit for each minibatch that asks for it
+    # In the first epoch a minibatch finds its container local (or on its way) once an earlier one asked for it.
+    first_bytes = sum(int(catalog.sizes[indices].sum()) for epoch, indices, _ in got if epoch == 0)
+    assert first["bytes_local"] == first_bytes - _fetched_first(catalog, got)
+
+
+def _fetched_first(catalog, got):
+    """Bytes of the first epoch's samples whose container no earlier minibatch had asked for."""
+    seen, nbytes = set(), 0
+    for epoch, indices, _ in got:
+        if epoch:
+            break
+        containers = catalog.file_index(indices)
+        fresh = ~np.isin(containers, list(seen))
+        nbytes += int(catalog.sizes[indices[fresh]].sum())
+        seen.update(containers.tolist())
+    return nbytes
+
+
 def write_tar(path, members):
     with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
         for name, data in members:

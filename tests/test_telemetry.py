@@ -91,3 +91,48 @@ def test_a_resized_prefetch_pool_is_accounted_by_its_mean_size_over_the_staging_
     quiet.record(tm.QUEUED, 0, 2)
     quiet.record(tm.TASK, 0, 2, 0.02)
     assert account(quiet, rank=0, node="n", readers=2, prefetchers=3)["stages"]["prefetch"]["workers"] == 3
+
+
+def test_per_file_events_keep_a_bounded_window_and_their_totals_stay_exact():
+    """A long run's per-file events (one per file per epoch) must not grow the log without end: each thread
+    keeps its latest, the older ones are counted, and the accounting's totals are those of every event."""
+    import threading
+
+    from stager.telemetry.accounting import account
+
+    kept = tm.FILE_EVENTS_KEPT
+    log = tm.Telemetry()
+    per_thread = 5 * kept + 123
+    start = threading.Barrier(2)
+
+    def stage(k):
+        start.wait()
+        for i in range(per_thread):
+            # every 10th a copy found already there, every 7th one a full disk refused
+            b = tm.PRESENT if i % 10 == 0 else tm.NO_SPACE if i % 7 == 0 else 100 + k
+            log.record(tm.STAGED, i, b, 0)
+            log.record(tm.PEER, i, 7, 0)
+            if i % 1000 == 0:
+                log.record(tm.CONSUMED, i, 1, 0.0)  # per-minibatch events are all kept
+
+    threads = [threading.Thread(target=stage, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    steps = len(range(0, per_thread, 1000))
+    assert len(log) <= 2 * (2 * kept + steps), "each thread keeps at most twice the window of per-file events"
+    assert len(log.events([tm.CONSUMED])) == 2 * steps
+    present = [i % 10 == 0 for i in range(per_thread)]
+    copied = [not p and i % 7 != 0 for i, p in enumerate(present)]
+    want_files = 2 * sum(copied)
+    want_bytes = sum(sum(copied) * (100 + k) for k in range(2))
+    assert log.file_totals(tm.STAGED) == (want_files, want_bytes, 2 * sum(present))
+    assert log.file_totals(tm.PEER) == (2 * per_thread, 2 * per_thread * 7, 0)
+    latest = [a for _, kind, a, _, _ in log.events([tm.STAGED])]
+    # each thread keeps its latest W to 2W per-file events, half of them STAGED here
+    assert max(latest) == per_thread - 1 and len(latest) >= kept, "the latest per-file events are the ones kept"
+    stages = account(log, rank=0, node="n", readers=1, prefetchers=1)["stages"]
+    assert stages["prefetch"]["files_from_source"] == want_files
+    assert stages["prefetch"]["bytes_from_source"] == want_bytes
+    assert stages["prefetch"]["files_present"] == 2 * sum(present)

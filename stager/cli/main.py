@@ -19,7 +19,7 @@ from ..slowfs import ENGINES
 
 def _cmd_run(args):
     from ..job.runner import run_job
-    from ..telemetry.summary import group_lines
+    from ..telemetry.summary import cache_line, group_lines, reads_lines
     from ..world import abort_on_error, detect
 
     cfg = load_config(args.config, args.set)
@@ -36,14 +36,11 @@ def _cmd_run(args):
     for line in group_lines(s):
         print(line)
     if reads and s["mode"] != "direct" and "group" not in s:
-        line = "; ".join(f"{reads[way]['files']} files ({reads[way]['bytes'] / 1e6:.1f} MB) {label}" for way, label in
-                         (("source", "from the source"), ("peers", "from peers"), ("local", "already local")))
-        after = reads["source_after_peer"]
-        print(f"reads: {line}" + (f"; {after} of the source's because a peer stalled or left" if after else ""))
+        for line in reads_lines(reads):
+            print(line)
     cache = s.get("cache") or []
     if any(e["evictions"] for e in cache):
-        print("node cache: " + "; ".join(f"epoch {e['epoch']}: {e['hits']} hits, {e['misses']} misses, "
-                                          f"{e['evictions']} evicted" for e in cache))
+        print("node cache: " + cache_line(cache))
     if args.report:
         print(f"report written to {args.report}")
     return 0

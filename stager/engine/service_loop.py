@@ -57,6 +57,7 @@ class ServiceLoop:
         self.s = service
         self.catalog = service.catalog.files  # what is staged: files, or the containers samples are packed in
         self.to_files = service.catalog.file_index
+        self.sample_sizes = None if service.catalog.containers is None else service.catalog.sizes
         self.cache = service.cache
         self.clients = [own]
         self.rank_of = {}        # connection -> the rank that said Hello on it
@@ -164,7 +165,7 @@ class ServiceLoop:
         files = np.unique(self.to_files(msg.indices))
         missing, pending = cache.pin(files, msg.seq)
         self.s.telemetry.record(tm.REQUEST, msg.epoch, len(files) - len(missing), len(missing))
-        self.s.telemetry.record(tm.LOCAL, msg.epoch, int(cache.sizes[files].sum() - cache.sizes[missing].sum()))
+        self.s.telemetry.record(tm.LOCAL, msg.epoch, *self.read_locally(msg.indices, files, missing))
         request = _Request(conn, msg, files, missing, len(pending))
         self.requests[(conn, msg.seq)] = request
         self.pins.pinned(conn, msg.seq, request)
@@ -175,6 +176,14 @@ class ServiceLoop:
             self.admit()
         elif not request.remaining:
             self.answer(request)
+
+    def read_locally(self, indices, files, missing):
+        """What a minibatch's readers read from copies already here: ``(bytes, samples)`` (of a container: its
+        samples asked for, with their own bytes, not the container's)."""
+        if self.sample_sizes is None:
+            return int(self.cache.sizes[files].sum() - self.cache.sizes[missing].sum()), len(files) - len(missing)
+        here = ~np.isin(self.to_files(indices), missing)
+        return int(self.sample_sizes[indices[here]].sum()), int(here.sum())
 
     def admit(self):
         """Starts the fetches of waiting requests, in arrival order, while the cache has room."""

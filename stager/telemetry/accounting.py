@@ -139,14 +139,10 @@ def account(telemetry, *, rank, node, readers, prefetchers=None, loop_begin=None
     finished = of(tm.FINISHED, t, value)
     resized = [(at, size) for at, pool, size in of(tm.RESIZED, t, a, b) if pool == tm.POOL_PREFETCH]
     finished = finished[0] if finished else None
-    # One event per file: summed in numpy.
-    # PRESENT (negative) is a copy found already there; 0 bytes is an empty file copied.
-    staged = b[kind == tm.STAGED]
-    copied = staged[staged >= 0]
-    staged_files, staged_bytes = int(len(copied)), int(copied.sum())
-    present = int((staged == tm.PRESENT).sum())
-    peer = b[kind == tm.PEER]
-    peer_files, peer_bytes = int(len(peer)), int(peer.sum())
+    # One event per file: the log keeps only the latest, its totals count them all.
+    # PRESENT is a copy found already there, NO_SPACE one not kept; 0 bytes is an empty file copied.
+    staged_files, staged_bytes, present = telemetry.file_totals(tm.STAGED)
+    peer_files, peer_bytes, _ = telemetry.file_totals(tm.PEER)
 
     calls = [t - w for t, _, w in steps]
     if loop_begin is not None:

@@ -55,17 +55,21 @@ def read_totals(table):
     """Where a job's files came from, over the epochs of a cache table (``combine_cache``'s or a node's).
 
     Returns:
-        ``{"source": {"files", "bytes"}, "peers": {...}, "local": {...},
-        "source_after_peer": files}``: read from the shared file system (of
-        which ``source_after_peer`` because the node holding them stalled or
-        left), fetched from other nodes' copies, found already here.
+        ``{"source": {"files", "bytes"}, "peers": {...}, "peers_out": {...},
+        "local": {"files", "samples", "bytes"}, "source_after_peer": files}``:
+        read from the shared file system (of which ``source_after_peer``
+        because the node holding them stalled or left), fetched from other
+        nodes' copies, sent to other nodes, found already here (``files``
+        hit; ``samples`` and ``bytes``: what the readers read from them,
+        of a container only its samples asked for).
     """
     def total(key):
         return sum(row.get(key, 0) for row in table)
 
     return {"source": {"files": total("files_from_source"), "bytes": total("bytes_from_source")},
             "peers": {"files": total("files_from_peers"), "bytes": total("bytes_from_peers")},
-            "local": {"files": total("hits"), "bytes": total("bytes_local")},
+            "peers_out": {"files": total("files_to_peers"), "bytes": total("bytes_to_peers")},
+            "local": {"files": total("hits"), "samples": total("samples_local"), "bytes": total("bytes_local")},
             "source_after_peer": total("files_after_peer")}
 
 
@@ -87,6 +91,7 @@ def combine_ranks(summaries):
     total["node_cache"] = {s["node"]: s["cache"] for s in summaries if s["cache"]}
     total["cache"] = combine_cache(total["node_cache"].values())
     total["reads"] = read_totals(total["cache"])
+    total["reads"]["nodes"] = {node: read_totals(table) for node, table in total["node_cache"].items()}
     groups = [s["group"] for s in summaries if "group" in s]
     if groups:
         total["group"] = {key: sum(g[key] for g in groups) for key in groups[0]}

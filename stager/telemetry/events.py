@@ -5,6 +5,13 @@ Each thread appends to its own columns (``array`` of doubles and integers:
 the threads' columns when it asks. A stall report or a tuner reads the events;
 ``stats.Stats`` is a running view of the totals.
 
+Per-minibatch events are all kept: some 250 bytes a minibatch, so 250 MB
+for a million of them. Per-file events (``FILE_KINDS``) would grow with the
+dataset times the epochs (ImageNet's 1.28 million files on one node: about
+100 MB an epoch), so each thread keeps only its latest ``FILE_EVENTS_KEPT`` to
+``FILE_EVENTS_KEPT + CHUNK`` of them and folds older ones into totals
+(``file_totals``): what the accounting reads is exact however long the run.
+
 An event is ``(time, kind, a, b, value)``; what ``a``, ``b`` and ``value``
 mean depends on the kind:
 
@@ -26,7 +33,7 @@ kind           a                    b                   value
 ``SERVED``     catalog index        bytes (0: missing)  the asking peer's epoch
 ``FINISHED``   minibatches consumed  0                  seconds the consumer waited
 ``RESIZED``    0 prefetch, 1 read   the pool's new size  measured seconds per item
-``LOCAL``      epoch                bytes local (hits)  0
+``LOCAL``      epoch                bytes read locally  samples read locally
 ``FALLBACK``   catalog index        bytes               epoch (read from the source: its holder stalled)
 ``GROUP``      what (below)         files or samples    bytes (files) or 0
 =============  ===================  ==================  ==========================
@@ -55,17 +62,78 @@ NO_SPACE = -1  # the local file system was full; nothing was published
 PRESENT = -2  # a matching copy was already there; nothing was copied
 KINDS = ("needed", "queued", "staged", "task", "ready", "read", "delivered", "consumed", "request", "evicted",
          "usage", "peer", "served", "finished", "resized", "local", "fallback", "group")
+FILE_KINDS = frozenset((STAGED, EVICTED, PEER, SERVED, FALLBACK))  # one event per file, not per minibatch
+
+
+_TYPES = ("d", "b", "q", "q", "d")  # time, kind, a, b, value
+CHUNK = 4096  # events in a chunk of a column (128 KiB): a log grows by whole chunks, never by copying itself
+FILE_EVENTS_KEPT = 2 * CHUNK  # per-file events a thread keeps, and up to a chunk more: 256 to 384 KiB
 
 
 class _Columns:
-    __slots__ = ("t", "kind", "a", "b", "value")
+    """Events in chunks of ``CHUNK``: the full ones, oldest first, and the one being filled.
+
+    A column grown as one array would be copied to a larger block at each
+    growth, leaving the old one as a hole in the heap: a long run's memory
+    would grow by those holes too.
+    """
+
+    __slots__ = ("full", "t", "kind", "a", "b", "value")
 
     def __init__(self):
-        self.t, self.kind, self.a, self.b, self.value = array("d"), array("b"), array("q"), array("q"), array("d")
+        self.full = []
+        self.t, self.kind, self.a, self.b, self.value = (array(code) for code in _TYPES)
 
     def __len__(self):
         # ``value`` is appended last: every column holds at least this many.
-        return len(self.value)
+        return len(self.full) * CHUNK + len(self.value)
+
+    def full_now(self):
+        return len(self.value) >= CHUNK
+
+    def rotate(self):
+        """Files the chunk being filled with the full ones (under the log's lock: readers see both or neither)."""
+        self.full.append((self.t, self.kind, self.a, self.b, self.value))
+        self.t, self.kind, self.a, self.b, self.value = (array(code) for code in _TYPES)
+
+    def append(self, t, kind, a, b, value):
+        self.t.append(t)
+        self.kind.append(kind)
+        self.a.append(a)
+        self.b.append(b)
+        self.value.append(value)
+
+    def snapshot(self):
+        """Copies of the columns, all of one length (the owner may append meanwhile; it never rewrites)."""
+        n = len(self.value)
+        out = [array(code) for code in _TYPES]
+        for chunk in self.full:
+            for col, part in zip(out, chunk):
+                col.extend(part)
+        for col, part in zip(out, (self.t, self.kind, self.a, self.b, self.value)):
+            col.extend(part[:n])
+        return tuple(out)
+
+
+class _Thread:
+    """One thread's events: per-minibatch ``steps``, the latest per-file ``files``, the older ones' totals."""
+
+    __slots__ = ("steps", "files", "folded")
+
+    def __init__(self):
+        self.steps, self.files = _Columns(), _Columns()
+        self.folded = {}  # kind -> [events with b >= 0 (a file's bytes), their bytes, events with b == PRESENT]
+
+    def fold_oldest(self):
+        """Counts the oldest chunk of per-file events into ``folded`` and drops it."""
+        _, kinds, _, bs, _ = self.files.full.pop(0)
+        for kind, b in zip(kinds, bs):
+            total = self.folded.setdefault(kind, [0, 0, 0])
+            if b >= 0:
+                total[0] += 1
+                total[1] += b
+            elif b == PRESENT:
+                total[2] += 1
 
 
 class Telemetry:
@@ -83,27 +151,54 @@ class Telemetry:
         self._threads = []
         self._lock = threading.Lock()  # only to register a thread's columns
 
-    def _columns(self):
-        cols = getattr(self._local, "cols", None)
-        if cols is None:
-            cols = self._local.cols = _Columns()
+    def _thread(self):
+        mine = getattr(self._local, "mine", None)
+        if mine is None:
+            mine = self._local.mine = _Thread()
             with self._lock:
-                self._threads.append(cols)
-        return cols
+                self._threads.append(mine)
+        return mine
 
     def record(self, kind, a=0, b=0, value=0.0):
         """Appends one event, stamped now."""
-        cols = self._columns()
-        cols.t.append(time.monotonic())
-        cols.kind.append(kind)
-        cols.a.append(a)
-        cols.b.append(b)
-        cols.value.append(value)
+        mine = self._thread()
+        cols = mine.files if kind in FILE_KINDS else mine.steps
+        if cols.full_now():
+            with self._lock:  # readers copy under it: they never see a chunk in neither place
+                cols.rotate()
+                if len(mine.files.full) * CHUNK > FILE_EVENTS_KEPT:
+                    mine.fold_oldest()
+        cols.append(time.monotonic(), kind, a, b, value)
         if self.on_event is not None:
             self.on_event(kind, a, b, value)
 
+    def _snapshots(self):
+        with self._lock:
+            return [cols.snapshot() for mine in self._threads for cols in (mine.steps, mine.files)]
+
+    def file_totals(self, kind):
+        """Per-file events of ``kind`` so far, kept or folded: ``(files, bytes, present)``.
+
+        ``files`` and ``bytes`` count the events whose ``b`` is a file's bytes
+        (0 or more); ``present`` those with ``PRESENT`` (a copy found already
+        there). ``NO_SPACE`` events are in neither.
+        """
+        import numpy as np
+
+        files = nbytes = present = 0
+        with self._lock:
+            for mine in self._threads:
+                folded = mine.folded.get(kind, (0, 0, 0))
+                files, nbytes, present = files + folded[0], nbytes + folded[1], present + folded[2]
+                _, kinds, _, bs, _ = mine.files.snapshot()
+                if len(bs):
+                    b = np.frombuffer(bs, dtype=np.int64)[np.frombuffer(kinds, dtype=np.int8) == kind]
+                    files, nbytes = files + int((b >= 0).sum()), nbytes + int(b[b >= 0].sum())
+                    present += int((b == PRESENT).sum())
+        return files, nbytes, present
+
     def events(self, kinds=None):
-        """Every event so far, merged across threads in time order.
+        """Every event kept, merged across threads in time order (per-file ones: each thread's latest).
 
         Args:
             kinds: Keep only these kinds; None keeps all.
@@ -111,20 +206,16 @@ class Telemetry:
         Returns:
             A list of ``(seconds_since_start, kind_name, a, b, value)``.
         """
-        with self._lock:
-            threads = list(self._threads)
         out = []
-        for cols in threads:
-            n = len(cols)  # the owner may append meanwhile; it never rewrites
-            for i in range(n):
-                if kinds is None or cols.kind[i] in kinds:
-                    out.append((cols.t[i] - self.started, KINDS[cols.kind[i]], cols.a[i], cols.b[i],
-                                cols.value[i]))
+        for t, kind, a, b, value in self._snapshots():
+            for i in range(len(t)):
+                if kinds is None or kind[i] in kinds:
+                    out.append((t[i] - self.started, KINDS[kind[i]], a[i], b[i], value[i]))
         out.sort(key=lambda e: e[0])
         return out
 
     def arrays(self):
-        """Every event so far as numpy arrays, merged across threads in time order.
+        """Every event kept as numpy arrays, merged across threads in time order.
 
         Cheaper than ``events()`` for a reader that sums over many events.
 
@@ -134,20 +225,18 @@ class Telemetry:
         """
         import numpy as np
 
-        with self._lock:
-            threads = list(self._threads)
+        snapshots = self._snapshots()
         parts = [[], [], [], [], []]
-        for cols in threads:
-            n = len(cols)  # slices are copies: the owner may append meanwhile
-            for part, col, dtype in zip(parts, (cols.t, cols.kind, cols.a, cols.b, cols.value),
-                                        (np.float64, np.int8, np.int64, np.int64, np.float64)):
-                part.append(np.frombuffer(col[:n], dtype=dtype) if n else np.empty(0, dtype))
-        if not threads:
+        for columns in snapshots:
+            for part, col, dtype in zip(parts, columns, (np.float64, np.int8, np.int64, np.int64, np.float64)):
+                part.append(np.frombuffer(col, dtype=dtype) if len(col) else np.empty(0, dtype))
+        if not snapshots:
             return (np.empty(0), np.empty(0, np.int8), np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0))
         t, kind, a, b, value = (np.concatenate(p) for p in parts)
         order = np.argsort(t, kind="stable")
         return t[order] - self.started, kind[order], a[order], b[order], value[order]
 
     def __len__(self):
+        """Events kept."""
         with self._lock:
-            return sum(len(c) for c in self._threads)
+            return sum(len(mine.steps) + len(mine.files) for mine in self._threads)

@@ -42,7 +42,9 @@ class Stats:
         files_present: Files found already staged (a kept directory).
         cache: On the node leader, per epoch: the node cache's ``hits`` (files
             already local or on their way when a minibatch asked for them),
-            ``misses``, ``files_from_source``/``bytes_from_source``,
+            ``samples_local``/``bytes_local`` (what the readers read from
+            those: the samples and their bytes, of a container only the
+            samples asked for), ``misses``, ``files_from_source``/``bytes_from_source``,
             ``evictions``/``bytes_evicted``, ``peak_bytes``, and with
             ``staging.peers`` ``files_from_peers``/``bytes_from_peers`` (fetched
             from other nodes' copies) and ``files_to_peers``/``bytes_to_peers``
@@ -89,7 +91,9 @@ class Stats:
                 epoch["hits"] += b
                 epoch["misses"] += int(value)
             elif kind == tm.LOCAL:
-                self._epoch(a)["bytes_local"] += b
+                epoch = self._epoch(a)
+                epoch["bytes_local"] += b
+                epoch["samples_local"] += int(value)
             elif kind == tm.FALLBACK:
                 self._epoch(int(value))["files_after_peer"] += 1
             elif kind == tm.EVICTED:
@@ -130,7 +134,7 @@ class Stats:
 
     def _epoch(self, epoch):
         if epoch not in self.cache:
-            self.cache[epoch] = dict.fromkeys(("hits", "bytes_local", "misses", "files_from_source",
+            self.cache[epoch] = dict.fromkeys(("hits", "samples_local", "bytes_local", "misses", "files_from_source",
                                                "bytes_from_source", "files_after_peer", "evictions", "bytes_evicted",
                                                "peak_bytes", "files_from_peers", "bytes_from_peers", "files_to_peers",
                                                "bytes_to_peers"), 0)

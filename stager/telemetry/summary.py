@@ -42,6 +42,45 @@ def group_lines(report):
             "published for the others"]
 
 
+def _reads(reads):
+    """Where the files read came from: the source, peers, copies already local (of containers: their samples)."""
+    def way(files, nbytes, label, unit="files"):
+        return f"{files} {unit} ({nbytes / 1e6:.1f} MB) {label}"
+
+    local = reads["local"]
+    parts = [way(reads["source"]["files"], reads["source"]["bytes"], "from the source"),
+             way(reads["peers"]["files"], reads["peers"]["bytes"], "from peers"),
+             way(local["files"], local["bytes"], "already local") if local.get("samples", local["files"]) ==
+             local["files"] else way(local["samples"], local["bytes"], f"already local (in {local['files']} "
+                                     "containers asked for)", "samples")]
+    after = reads["source_after_peer"]
+    return "; ".join(parts) + (f"; {after} of the source's because a peer stalled or left" if after else "")
+
+
+def reads_lines(reads, most_nodes=8):
+    """The job's reads by origin (the report's ``reads``) and, with 2 to ``most_nodes`` nodes, each node's."""
+    nodes = reads.get("nodes") or {}
+    if not 1 < len(nodes) <= most_nodes:
+        return ["reads: " + _reads(reads)]
+    return ["reads: " + _reads(reads)] + [
+        f"  node {node}: {_reads(own)}; {own['peers_out']['files']} files ({own['peers_out']['bytes'] / 1e6:.1f} MB) "
+        "sent to peers" for node, own in sorted(nodes.items())]
+
+
+def cache_line(cache, shown=6):
+    """The node cache's epochs in one line; a long run's shows its first and last epochs and the totals."""
+    def epoch(e):
+        return f"epoch {e['epoch']}: {e['hits']} hits, {e['misses']} misses, {e['evictions']} evicted"
+
+    if len(cache) <= shown:
+        return "; ".join(epoch(e) for e in cache)
+    total = {k: sum(e[k] for e in cache) for k in ("hits", "misses", "evictions")}
+    return "; ".join([epoch(e) for e in cache[:shown // 2]] + [f"... {len(cache) - shown + 1} epochs ..."] +
+                     [epoch(e) for e in cache[-(shown // 2 - 1):]] +
+                     [f"all {len(cache)} epochs: {total['hits']} hits, {total['misses']} misses, "
+                      f"{total['evictions']} evicted (the report has each)"])
+
+
 def count_lines(report):
     """The pools' sizes over the run (``counts_timeline``), where ``auto`` changed them."""
     timeline = report.get("counts_timeline") or []
