@@ -52,7 +52,7 @@ staging: {{local_dir: local, lookahead: 4, peers: partition}}
         assert sorted(names) == sorted(catalog.name(i) for i in range(SAMPLES)), "each sample once an epoch"
     from_source = Counter(f["path"] for files in staged.values() for f in files)
     assert dict(from_source) == {p: 1 for p in catalog.files.paths()}, \
-        "each container must be read from the shared file system once in the job"
+        "each container must be read from the shared file system once in the job:\n" + proc.stderr[-3000:]
     counts.pop("manifest.tsv", None)
     # Opened twice in all: once by rank 0 indexing its headers for the catalog, once to be staged.
     assert dict(counts) == {p: 2 for p in catalog.files.paths()}
