@@ -20,7 +20,8 @@ _EARLY_FAILURE = textwrap.dedent("""
     install_abort_hook(world)
     world.comm.Barrier()
     mapped = {line.split()[-1] for line in open("/proc/self/maps") if "/dev/shm/mpich_shm_" in line}
-    print("MAPPED", *sorted(mapped), flush=True)
+    with open(f"mapped-{world.rank}", "w") as fh:  # a file each: the ranks' stdout lines interleave
+        fh.write(" ".join(sorted(mapped)))
     world.comm.Barrier()
     if world.rank == 1:
         raise RuntimeError("an early failure")
@@ -33,6 +34,6 @@ def test_a_job_aborted_early_leaves_no_mpich_segment(tmp_path):
     proc = subprocess.run([MPIEXEC, "-n", "2", sys.executable, "-c", _EARLY_FAILURE], capture_output=True,
                           text=True, timeout=120, env=env, cwd=tmp_path)
     assert proc.returncode != 0 and "an early failure" in proc.stderr and "aborting the MPI job" in proc.stderr
-    segments = {path for line in proc.stdout.splitlines() if line.startswith("MAPPED") for path in line.split()[1:]}
-    assert segments and all(path.startswith("/dev/shm/mpich_shm_") for path in segments), proc.stdout
+    segments = {path for rank in (0, 1) for path in (tmp_path / f"mapped-{rank}").read_text().split()}
+    assert segments and all(path.startswith("/dev/shm/mpich_shm_") for path in segments), segments
     assert not [path for path in segments if os.path.exists(path)], "MPICH's segment outlived the aborted job"

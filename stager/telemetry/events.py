@@ -149,7 +149,7 @@ class Telemetry:
         self.started = time.monotonic()
         self._local = threading.local()
         self._threads = []
-        self._lock = threading.Lock()  # only to register a thread's columns
+        self._lock = threading.Lock()  # to register a thread's columns, and while chunks change places
 
     def _thread(self):
         mine = getattr(self._local, "mine", None)

@@ -33,10 +33,11 @@ from ...telemetry import NO_SPACE, PRESENT
 log = logging.getLogger(__name__)
 
 # How long a file its holder has still to stage (``PENDING``) is waited for, at most; then it is read from
-# the source and counted. Nodes of several ranks each, at different steps, can wait on each other's pending
+# the source and counted. A holder some steps behind the asker is waited for (a busy node can be tens of
+# seconds behind another); one that has not staged the file within a minute is taken to be stuck. Nodes of several ranks each, at different steps, can wait on each other's pending
 # files, their caches full of what they keep for each other (seen once in about three 200-epoch runs of
-# 4 ranks as 2 nodes): a bounded wait costs a file read twice, not a stall of ``staging.stall_timeout_s``.
-PENDING_WAIT_S = 10.0
+# 4 ranks as 2 nodes): a bounded wait costs a minute and a file read twice, not ``staging.stall_timeout_s``.
+PENDING_WAIT_S = 60.0
 
 
 class PeerFetcher:
