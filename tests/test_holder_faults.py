@@ -1,6 +1,7 @@
-"""A node that holds files for the others stops answering, under mpiexec as 4 emulated nodes of one rank
-(``staging.peers: partition``): the others read those files from the source once ``staging.stall_timeout_s``
-has passed, count them, and deliver every sample."""
+"""A node that holds files for the others stalls, under mpiexec (``staging.peers: partition``): its leader
+stops answering (4 emulated nodes of one rank), or one of its ranks stops asking while the leader answers
+that the files are to come (2 nodes, of 1 and 2 ranks). The others read those files from the source, count
+them, and deliver every sample."""
 
 import json
 import os
@@ -58,4 +59,47 @@ reader: {{workers: 1}}
     report = json.loads((rec / "r.json").read_text())
     assert report["reads"]["source_after_peer"] > 0, report["reads"]
     assert "node leader 2 does not answer" in proc.stderr
+    assert_nothing_left(tmp_path, job)
+
+
+HELD_NODES = [("a", 1), ("b", 2)]
+HELD_STEPS = SAMPLES // BATCH // 3   # a rank's minibatches in an epoch
+HOLD_S = 45                          # rank 2 is held at most this long
+
+
+def test_a_holder_whose_rank_stalls_is_read_around_once_its_position_stops_moving(tmp_path):
+    """Node b's second rank (global rank 2) stalls in its sixth minibatch of epoch 0; node b's leader goes
+    on and answers node a that the files rank 2 will read are to come, from a position that no longer
+    moves. Node a, in epoch 1, waits about ``PENDING_STILL_S`` (10 s) for them, not ``staging.stall_timeout_s``
+    (300 s, the default) nor the 60 s a moving holder gets: it reads them from the source, counted, and goes
+    far into epoch 1 while rank 2 is still held; then every rank has had its minibatches in plan order,
+    bytes equal to the source."""
+    (tmp_path / "job.yaml").write_text(f"""
+dataset: {{source: data, manifest: manifest.tsv, loader: "peerchecks:hold_rank_2"}}
+synthetic: {{samples: {SAMPLES}, bytes: 3000}}
+slowfs: {{enabled: true, open_ms: 2}}
+plan: {{batch_size: {BATCH}, epochs: 2, seed: 11}}
+staging: {{local_dir: local, peers: partition, prefetchers: 4, lookahead: 2}}
+reader: {{workers: 1, ahead: 1}}
+""")
+    job = make_job_data(tmp_path / "job.yaml")
+    rec, stopped = tmp_path / "rec", tmp_path / "held.json"
+    until = HELD_STEPS + HELD_STEPS * 3 // 4
+    env = helper_env(tmp_path, STAGER_TEST_RECORDS=str(rec), STAGER_TEST_STOPPED=str(stopped),
+                     STAGER_TEST_UNTIL=str(until), STAGER_TEST_AT=str(5 * BATCH + 1), STAGER_TEST_HOLD_S=str(HOLD_S))
+    proc = mpirun(HELD_NODES, ["run", job, "--record", str(rec), "--report", str(rec / "r.json")], tmp_path,
+                  timeout=300, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    held = json.loads(stopped.read_text())
+    assert held["before"][2] < 6 and held["after"][2] == held["before"][2], held
+    assert held["after"][0] >= until, f"node a did not go on while rank 2 was held: {held}\n{proc.stderr}"
+    assert "its ranks have asked for nothing new" in proc.stderr, proc.stderr
+
+    reads, _ = read_records(rec)
+    catalog = Catalog.from_manifest(str(tmp_path / "data"), "manifest.tsv")
+    cfg = PlanConfig(batch_size=BATCH, epochs=2, seed=11)
+    for r, lines in reads.items():  # the loader checked every sample's bytes against the source
+        expected = [[catalog.path(i) for i in m.indices] for m in plan.iterate(SAMPLES, cfg, rank=r, size=3)]
+        assert [line["samples"] for line in lines] == expected, f"rank {r} did not follow the plan"
+    assert json.loads((rec / "r.json").read_text())["reads"]["source_after_peer"] > 0
     assert_nothing_left(tmp_path, job)

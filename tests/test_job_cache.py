@@ -14,6 +14,7 @@ from stager.cache import fitting_depth
 from stager.catalog import Catalog
 from stager.config import PlanConfig, load_config
 from stager.simulate import Layout, load_profile, simulate
+from stager.telemetry import render
 from test_mpi_run import MPIEXEC, assert_nothing_left, mpirun, read_records
 from test_peers_run import helper_env
 
@@ -81,12 +82,20 @@ def test_at_30_percent_a_node_with_auto_look_ahead_each_file_is_read_once_in_the
     assert report["reads"]["peers"]["files"] > SAMPLES  # later epochs come from the node that read each file last
     depth, _ = fitting_depth(cap, int(catalog.sizes.sum()), SAMPLES, BATCH, 1, 1 / len(NODES))
     assert depth < 16 and f"staging.lookahead auto: {depth} minibatches" in proc.stderr
+    assert sum(e["evictions"] for e in report["cache"]) and not sum(e["dropped"] for e in report["cache"])
+    assert "dropped for room" not in proc.stdout
     assert_nothing_left(tmp_path, job)
 
     # The same job asking 16 minibatches ahead is told at start what that costs, and reads the source again.
     _, fixed, proc = run(tmp_path, job, "fixed", f"staging.capacity={cap}", "staging.lookahead=16")
     assert "staging.lookahead 16 pins up to" in proc.stderr and "read from the source again" in proc.stderr
     assert fixed["reads"]["source"]["files"] > SAMPLES
+    # ... and told at the end, with the bytes: files it dropped for room that the job read again.
+    dropped = sum(e["dropped"] for e in fixed["cache"]), sum(e["bytes_dropped"] for e in fixed["cache"])
+    assert dropped[0] > 0 and dropped[1] > 0, fixed["cache"]
+    assert f"node cache: {dropped[0]} files ({dropped[1] / 1e6:.1f} MB) dropped for room" in proc.stdout
+    assert "staging.lookahead is fixed at 16" in proc.stdout
+    assert f"node cache: {dropped[0]} files" in render(fixed)  # and 'stager report' says it too
     assert_nothing_left(tmp_path, job)
 
 

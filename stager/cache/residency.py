@@ -97,6 +97,18 @@ class Cache:
                 local[kept] = np.minimum(local[kept], job[kept])
         return local
 
+    def read_again(self, indices):
+        """Per file, whether the job reads its copy here again: the next reader, this node or another, would take it from here.
+
+        Without this copy that read goes to the source. Only reads the node
+        knows of count (its ranks' plans as far as they are listed).
+        """
+        indices = np.asarray(indices, dtype=np.int64)
+        again = np.isfinite(self.next_use(indices))
+        if self.holders is not None:
+            again &= self.holders.kept(indices)  # a node read it since: the next reader asks that one
+        return again
+
     def drop_plan(self, rank):
         """Forgets what ``rank`` would have read (it left before the end of its plan)."""
         self.future.remove(rank)

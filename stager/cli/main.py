@@ -19,7 +19,7 @@ from ..slowfs import ENGINES
 
 def _cmd_run(args):
     from ..job.runner import run_job
-    from ..telemetry.summary import cache_line, group_lines, reads_lines
+    from ..telemetry.summary import cache_line, dropped_line, group_lines, reads_lines
     from ..world import abort_on_error, detect
 
     cfg = load_config(args.config, args.set)
@@ -41,6 +41,9 @@ def _cmd_run(args):
     cache = s.get("cache") or []
     if any(e["evictions"] for e in cache):
         print("node cache: " + cache_line(cache))
+    dropped = dropped_line(cache, s.get("config", {}).get("staging", {}).get("lookahead", "auto"))
+    if dropped:
+        print(dropped)
     if args.report:
         print(f"report written to {args.report}")
     return 0

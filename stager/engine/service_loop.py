@@ -245,13 +245,14 @@ class ServiceLoop:
         self.admit()
 
     def remove(self, indices):
-        """Deletes files the policy let go from the job directory."""
-        for index in indices:
+        """Deletes files the policy let go from the job directory (``DROPPED`` too: read again)."""
+        for index, again in zip(indices, self.cache.read_again(indices) if len(indices) else ()):
             try:
                 os.unlink(os.path.join(self.s.local_dir, self.catalog.path(index)))
             except FileNotFoundError:
                 pass
-            self.s.telemetry.record(tm.EVICTED, int(index), int(self.cache.sizes[index]), self.epoch)
+            for kind in (tm.EVICTED, tm.DROPPED)[:1 + again]:
+                self.s.telemetry.record(kind, int(index), int(self.cache.sizes[index]), self.epoch)
             self.cache.removed(index)
 
     # Prefetchers ----------------------------------------------------------

@@ -11,13 +11,13 @@ May import: ``errors``.
 
 from .accounting import account, job_nodes, job_stages
 from .collect import job_summary, pipeline_report, rank_summary, write_report
-from .events import (CONSUMED, DELIVERED, EVICTED, FALLBACK, FILE_EVENTS_KEPT, FILE_KINDS, FINISHED, GROUP,
+from .events import (CONSUMED, DELIVERED, DROPPED, EVICTED, FALLBACK, FILE_EVENTS_KEPT, FILE_KINDS, FINISHED, GROUP,
                      GROUP_FETCHED, GROUP_FILES, GROUP_GIVEN, GROUP_TAKEN, KINDS, LOCAL, NEEDED, NO_SPACE, PEER, POOL_PREFETCH, POOL_READ, PRESENT, QUEUED, READ,
                      READY, REQUEST, RESIZED, SERVED, STAGED, TASK, USAGE, Telemetry)
 from .stats import BatchTimes, Stats
 from .summary import ReportError, check, load_report, render
 
-__all__ = ["BatchTimes", "CONSUMED", "DELIVERED", "EVICTED", "FALLBACK", "FILE_EVENTS_KEPT", "FILE_KINDS", "FINISHED",
+__all__ = ["BatchTimes", "CONSUMED", "DELIVERED", "DROPPED", "EVICTED", "FALLBACK", "FILE_EVENTS_KEPT", "FILE_KINDS", "FINISHED",
            "GROUP", "GROUP_FETCHED",
            "GROUP_FILES", "GROUP_GIVEN", "GROUP_TAKEN", "KINDS", "LOCAL", "NEEDED",
            "NO_SPACE", "PEER", "POOL_PREFETCH", "POOL_READ",

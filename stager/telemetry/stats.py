@@ -45,7 +45,9 @@ class Stats:
             ``samples_local``/``bytes_local`` (what the readers read from
             those: the samples and their bytes, of a container only the
             samples asked for), ``misses``, ``files_from_source``/``bytes_from_source``,
-            ``evictions``/``bytes_evicted``, ``peak_bytes``, and with
+            ``evictions``/``bytes_evicted``, ``dropped``/``bytes_dropped`` (of
+            those, files the job reads again from this copy: its next reader,
+            this node or another, reads the source instead), ``peak_bytes``, and with
             ``staging.peers`` ``files_from_peers``/``bytes_from_peers`` (fetched
             from other nodes' copies) and ``files_to_peers``/``bytes_to_peers``
             (sent to them; the asking node's epoch).
@@ -100,6 +102,10 @@ class Stats:
                 epoch = self._epoch(int(value))
                 epoch["evictions"] += 1
                 epoch["bytes_evicted"] += b
+            elif kind == tm.DROPPED:
+                epoch = self._epoch(int(value))
+                epoch["dropped"] += 1
+                epoch["bytes_dropped"] += b
             elif kind == tm.USAGE:
                 epoch = self._epoch(a)
                 epoch["peak_bytes"] = max(epoch["peak_bytes"], b)
@@ -136,7 +142,7 @@ class Stats:
         if epoch not in self.cache:
             self.cache[epoch] = dict.fromkeys(("hits", "samples_local", "bytes_local", "misses", "files_from_source",
                                                "bytes_from_source", "files_after_peer", "evictions", "bytes_evicted",
-                                               "peak_bytes", "files_from_peers", "bytes_from_peers", "files_to_peers",
+                                               "dropped", "bytes_dropped", "peak_bytes", "files_from_peers", "bytes_from_peers", "files_to_peers",
                                                "bytes_to_peers"), 0)
         return self.cache[epoch]
 

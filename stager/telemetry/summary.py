@@ -81,6 +81,23 @@ def cache_line(cache, shown=6):
                       f"{total['evictions']} evicted (the report has each)"])
 
 
+def dropped_line(cache, lookahead):
+    """What the node cache dropped for room that is read again, and what a fixed look-ahead had to do with it; or None.
+
+    Args:
+        cache: The node cache's epochs (``Stats.cache_table``).
+        lookahead: ``staging.lookahead`` as configured (``auto`` or minibatches).
+    """
+    files, nbytes = sum(e.get("dropped", 0) for e in cache), sum(e.get("bytes_dropped", 0) for e in cache)
+    if not files:
+        return None
+    why = (f"staging.lookahead is fixed at {lookahead}: where the start warned that it takes their room, "
+           "staging.lookahead: auto keeps them" if lookahead != "auto" else
+           "the capacity is below what the node keeps for the job beside its look-ahead")
+    return (f"node cache: {files} files ({nbytes / 1e6:.1f} MB) dropped for room though the job reads them again "
+            f"(each once more from the source); {why}")
+
+
 def count_lines(report):
     """The pools' sizes over the run (``counts_timeline``), where ``auto`` changed them."""
     timeline = report.get("counts_timeline") or []
@@ -110,7 +127,10 @@ def render(report, plots=()):
              f"stall: {report['stall_fraction']:.1%} of the loop (slowest rank: {report['stall_s']:.2f} s waiting); "
              f"after the first minibatch {report['steady_stall_fraction']:.1%}",
              f"time to first minibatch: {report['first_batch_s']:.2f} s",
-             f"bottleneck: {verdict.bottleneck}: {verdict.reason}", *group_lines(report), "", "stages:"]
+             f"bottleneck: {verdict.bottleneck}: {verdict.reason}", *group_lines(report)]
+    dropped = dropped_line(report.get("cache") or [], ((report.get("config") or {}).get("staging") or {}).get(
+        "lookahead", "auto"))
+    lines += ([dropped] if dropped else []) + ["", "stages:"]
     rows = []
     if "prefetch" in st:
         p = st["prefetch"]

@@ -57,3 +57,23 @@ def stop_leader_of_c(path):
         with open(os.environ["STAGER_TEST_STOPPED"], "w") as fh:
             json.dump({"before": before, "after": after, "seconds": stopped_s}, fh)
     return same_as_source(path)
+
+
+def hold_rank_2(path):
+    """``same_as_source``; on global rank 2 (node b's second rank), at its reader's ``STAGER_TEST_AT``-th
+    sample: holds that reader (so the rank stalls while its node leader goes on answering) until rank 0's
+    record file holds ``STAGER_TEST_UNTIL`` minibatches or ``STAGER_TEST_HOLD_S`` seconds passed (inotify),
+    and writes the records before and after to ``STAGER_TEST_STOPPED`` (JSON)."""
+    from watch import lines_in, wait_for_lines
+
+    _calls[0] += 1
+    if os.environ.get("PMI_RANK") == "2" and _calls[0] == int(os.environ["STAGER_TEST_AT"]):
+        records, size = os.environ["STAGER_TEST_RECORDS"], int(os.environ["PMI_SIZE"])
+        files = [os.path.join(records, f"rank-{r}.jsonl") for r in range(size)]
+        before, start = [lines_in(f) for f in files], time.monotonic()
+        wait_for_lines(files[0], int(os.environ["STAGER_TEST_UNTIL"]),
+                       timeout=float(os.environ["STAGER_TEST_HOLD_S"]))
+        after, held_s = [lines_in(f) for f in files], time.monotonic() - start
+        with open(os.environ["STAGER_TEST_STOPPED"], "w") as fh:
+            json.dump({"before": before, "after": after, "seconds": held_s}, fh)
+    return same_as_source(path)

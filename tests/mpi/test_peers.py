@@ -5,6 +5,7 @@ import os
 import pathlib
 import shutil
 import tempfile
+import time
 
 import numpy as np
 import pytest
@@ -46,11 +47,11 @@ def dirs():
     shutil.rmtree(tmp_path)
 
 
-def transfer(comm, dirs, names, to_come=lambda index, seq: False):
+def transfer(comm, dirs, names, to_come=lambda index, seq: False, position=lambda: -1, still_s=10.0):
     source, holder, requester, files = dirs
     telemetry = Telemetry()
-    server = PeerServer(comm, str(holder), telemetry, 30, to_come)
-    fetcher = PeerFetcher(comm, open_source(str(source)), str(requester), 2, 30)
+    server = PeerServer(comm, str(holder), telemetry, 30, to_come, position=position)
+    fetcher = PeerFetcher(comm, open_source(str(source)), str(requester), 2, 30, still_s=still_s)
     server.start()
     fetcher.start()
     try:
@@ -88,3 +89,38 @@ def test_a_holder_that_evicted_the_file_makes_the_requester_read_the_source(comm
         assert (requester / name).read_bytes() == (source / name).read_bytes()
     assert sorted(served) == [(0, 0), (1, 0)], "the holder answered, sending nothing"
     assert [p for p in os.listdir(requester) if p.startswith(".")] == [], "nothing partial is left"
+
+
+def test_a_holder_whose_ranks_do_not_move_is_read_around(comm, dirs):
+    """The holder says the file is to come, from a position that never moves: once ``still_s`` has
+    passed, the requester reads it from the source and counts it as a fallback (not waiting out the
+    30 s a holder may take)."""
+    source, holder, requester, files = dirs
+    os.unlink(holder / "small.bin")
+    asked = []
+    replies, served = transfer(comm, dirs, ["small.bin"], to_come=lambda index, seq: asked.append(index) or True,
+                               position=lambda: 5, still_s=0.3)
+    assert [(m.route, m.done) for m in replies] == [("fallback", [(0, files["small.bin"])])], replies
+    assert len(asked) >= 2, "it asked again before giving up"
+    assert (requester / "small.bin").read_bytes() == (source / "small.bin").read_bytes()
+
+
+def test_a_holder_that_moves_is_waited_for_past_still_s(comm, dirs):
+    """The holder's position moves at every answer and the file comes after three times ``still_s``:
+    the requester keeps asking and takes it from the holder, not from the source."""
+    source, holder, requester, files = dirs
+    data = (holder / "small.bin").read_bytes()
+    os.unlink(holder / "small.bin")
+    first, moves = [], iter(range(10**6))
+
+    def to_come(index, seq):
+        first.append(time.monotonic())
+        if first[-1] - first[0] > 0.9:  # it stages the file; the next ask finds it
+            (holder / "small.bin").write_bytes(data)
+        return True
+
+    replies, served = transfer(comm, dirs, ["small.bin"], to_come=to_come, position=lambda: next(moves),
+                               still_s=0.3)
+    assert [(m.route, m.done) for m in replies] == [("peer", [(0, files["small.bin"])])], replies
+    assert len(first) > 2 and first[-1] - first[0] > 0.9
+    assert (requester / "small.bin").read_bytes() == (source / "small.bin").read_bytes()

@@ -7,11 +7,12 @@ one holder for a minibatch's files it holds, in one message; what arrives is pub
 rename). A holder that owns the file but has not staged it yet says so, and
 the thread asks again a little later (the owner is the one that reads it
 from the shared file system); a holder without a copy says so, and the
-thread reads the file from the shared file system instead. A holder that
-has not staged a file within ``PENDING_WAIT_S`` (or ``wait_s``, if shorter),
-or does not answer within ``wait_s``, is given up on for those files
-(``fallback``: read from the shared file system, and counted); one that did not answer is asked nothing more in this job, so no
-late answer of it is ever taken for another's. Either way the service gets
+thread reads the file from the shared file system instead. A holder whose
+ranks have not moved for ``still_s`` while it says a file is to come, or that
+has not staged it within ``PENDING_WAIT_S``, or that does not answer within
+``timeout_s``, is given up on for those files (``fallback``: read from the
+shared file system, and counted); one that did not answer is asked nothing
+more in this job, so no late answer of it is ever taken for another's. Either way the service gets
 a ``Staged`` per way the files came, and how long that took (waits for
 pending files left out: they say nothing about the rates).
 """
@@ -32,11 +33,15 @@ from ...telemetry import NO_SPACE, PRESENT
 
 log = logging.getLogger(__name__)
 
-# How long a file its holder has still to stage (``PENDING``) is waited for, at most; then it is read from
-# the source and counted. A holder some steps behind the asker is waited for (a busy node can be tens of
-# seconds behind another); one that has not staged the file within a minute is taken to be stuck. Nodes of several ranks each, at different steps, can wait on each other's pending
-# files, their caches full of what they keep for each other (seen once in about three 200-epoch runs of
-# 4 ranks as 2 nodes): a bounded wait costs a minute and a file read twice, not ``staging.stall_timeout_s``.
+# A holder that says a file is to come (``PENDING``) sends its position, its slowest rank's latest request.
+# While that moves, the holder is behind and the file is waited for; a holder whose position has not moved
+# for ``PENDING_STILL_S`` is stuck: its ranks stall, or nodes of several ranks each, at different steps, wait
+# on each other's pending files with their caches full of what they keep for each other (seen once in about
+# three 200-epoch runs of 4 ranks as 2 nodes). Its pending files are then read from the source and counted,
+# and the asker does not wait on it again until it moves. A stall shorter than that costs a wait, a longer
+# one a file read twice; a holder whose steps each take longer than this is read around too.
+PENDING_STILL_S = 10.0
+# However the holder moves, a pending file is waited for this long at most.
 PENDING_WAIT_S = 60.0
 
 
@@ -50,14 +55,20 @@ class PeerFetcher:
         threads: Fetches that may run at once.
         timeout_s: How long a holder may take to answer, or to stage a file
             it owns (``staging.stall_timeout_s``); then the source is read.
+        still_s: How long a holder's position may stay where it is while it
+            says a file is to come (at most ``timeout_s``).
 
     Attributes:
         silent: Holders that did not answer in time: asked nothing more in this job.
     """
 
-    def __init__(self, comm, source, root, threads, timeout_s):
+    def __init__(self, comm, source, root, threads, timeout_s, still_s=PENDING_STILL_S):
         self.comm, self.source, self.root, self.timeout_s = comm, source, root, timeout_s
+        self.still_s = min(still_s, timeout_s)
         self.silent = set()
+        self._heard = {}  # per holder: its position in its latest PENDING, and since when it has been there
+        self._heard_lock = threading.Lock()
+        self._told = {}   # per holder: the position it was last read around at
         self.tasks = queue.Queue()
         self.conn, self._reply = multiprocessing.Pipe(duplex=False)
         self._send_lock = threading.Lock()
@@ -103,14 +114,15 @@ class PeerFetcher:
         while todo:
             start = time.perf_counter()
             tag = FIRST_REPLY_TAG + next(self._tags) % REPLY_TAGS
-            done, pending, answered = [], [], 0
+            done, pending, answered, at = [], [], 0, -1
             try:
                 ask_for(self.comm, task.owner, Ask([f[:3] for f in todo], task.epoch, tag, task.seq), self.timeout_s)
                 for f in todo:  # the answers come in the order asked
-                    outcome = self._receive(task.owner, tag, f, max(deadline - time.monotonic(), 0.0))
+                    outcome, heard = self._receive(task.owner, tag, f, max(deadline - time.monotonic(), 0.0))
                     answered += 1
                     if outcome == PENDING:
                         pending.append(f)
+                        at = max(at, heard)
                     elif outcome == MISSING:
                         missing.append(f)
                     else:
@@ -124,10 +136,16 @@ class PeerFetcher:
             if done:
                 yield "peer", done, time.perf_counter() - start
             todo = pending
-            if todo:  # the owner reads them in its first epoch: ask again rather than read them twice
-                if time.monotonic() > patience:
-                    log.warning("stager: node leader %s has not staged %s within %g s: reading %d file(s) from the "
-                                "source", task.owner, todo[0][1], min(self.timeout_s, PENDING_WAIT_S), len(todo))
+            if todo:  # the holder's ranks read them before the asker's step: ask again rather than read them twice
+                still = self._still_for(task.owner, at)
+                if still > self.still_s or time.monotonic() > patience:
+                    why = (f"its ranks have asked for nothing new for {still:.0f} s" if still > self.still_s else
+                           f"within {min(self.timeout_s, PENDING_WAIT_S):g} s")
+                    # Said once per holder and position: the report counts every file read around it.
+                    told, self._told[task.owner] = self._told.get(task.owner) == at, at
+                    (log.debug if told else log.warning)(
+                        "stager: node leader %s has not staged %s (%s): reading %d file(s) from the source",
+                        task.owner, todo[0][1], why, len(todo))
                     late += todo
                     break
                 time.sleep(pause)
@@ -138,14 +156,28 @@ class PeerFetcher:
                 done = [(index, self._from_source(rel, size, mtime_ns)) for index, rel, size, mtime_ns in files]
                 yield route, done, time.perf_counter() - start
 
+    def _still_for(self, owner, at):
+        """Seconds holder ``owner`` has been at position ``at``, as its ``PENDING`` answers tell (0: it moved)."""
+        now = time.monotonic()
+        with self._heard_lock:
+            last, since = self._heard.get(owner, (None, now))
+            if at != last:
+                self._heard[owner] = (at, now)
+                return 0.0
+        return now - since
+
     def _receive(self, owner, tag, file, timeout_s):
-        """One file of an answer, published; its bytes, ``NO_SPACE``, ``PENDING`` or ``MISSING`` (also when cut)."""
+        """One file of an answer, published: ``(outcome, at)``.
+
+        The outcome is its bytes, ``NO_SPACE``, ``PENDING`` or ``MISSING``
+        (also when cut); ``at`` the holder's position with ``PENDING``.
+        """
         index, rel, size, mtime_ns = file
-        outcome = None
+        outcome, at = None, -1
 
         def fill(fd):
-            nonlocal outcome
-            outcome = receive(self.comm, owner, tag, rel, lambda data: write_all(fd, data), timeout_s)
+            nonlocal outcome, at
+            outcome, at = receive(self.comm, owner, tag, rel, lambda data: write_all(fd, data), timeout_s)
             return outcome
 
         try:
@@ -154,14 +186,14 @@ class PeerFetcher:
             raise
         except OSError as exc:
             if outcome is not None and outcome < 0:
-                return outcome  # no copy there: publish refused the empty file
+                return outcome, at  # no copy there: publish refused the empty file
             if exc.errno == errno.ENOSPC:
-                return NO_SPACE
+                return NO_SPACE, -1
             if exc.errno != errno.EIO:
                 raise
             log.warning("stager: %s; reading it from the source", exc)
-            return MISSING
-        return outcome
+            return MISSING, -1
+        return outcome, -1
 
     def _from_source(self, rel, size, mtime_ns):
         try:

@@ -34,7 +34,22 @@ _HANDOFF_READS = 4  # reads by other nodes since this one's last looked through
 _STEP_BITS = 32
 
 
-class LatestReaders:
+class _Position:
+    """A node's position: its ranks' latest requests (``advance``)."""
+
+    def _start(self):
+        self.now = -1      # the node's latest request, of any of its ranks
+        self.low = -1      # the latest request of its slowest rank (sent with PENDING: stuck or moving)
+        self._asked = {}   # per rank of the node, its latest request
+
+    def advance(self, seq, rank=0):
+        """The node's rank ``rank`` asked for its minibatch ``seq``."""
+        self.now = max(self.now, seq)
+        self._asked[rank] = max(self._asked.get(rank, -1), seq)
+        self.low = min(self._asked.values())  # an int: the server thread reads it while this runs
+
+
+class LatestReaders(_Position):
     """The last node to read a file holds it, for the next one.
 
     A node hands a file on when the next reader fetches it from here
@@ -53,16 +68,15 @@ class LatestReaders:
         self.keys = (files[order].astype(np.int64) << _STEP_BITS) | steps[order]
         self.nodes = nodes[order].astype(np.int32)
         self.me = me
-        self.now = -1      # the node's latest request, of any of its ranks
-        self.low = -1      # the latest request of its slowest rank
-        self._asked = {}   # per rank of the node, its latest request
+        self._start()
         self.handed = np.full(count, -1, dtype=np.int64)  # per file, the latest step a node fetched it from here for
         self.asked_seq = np.full(count, -1, dtype=np.int64)  # per file, the latest step this node asked it for
 
     def for_node(self, me):
         """The same rule seen from node ``me`` (sharing the listed reads)."""
         other = object.__new__(LatestReaders)
-        other.keys, other.nodes, other.me, other.now, other.low, other._asked = self.keys, self.nodes, me, -1, -1, {}
+        other.keys, other.nodes, other.me = self.keys, self.nodes, me
+        other._start()
         other.handed = np.full(len(self.handed), -1, dtype=np.int64)
         other.asked_seq = np.full(len(self.handed), -1, dtype=np.int64)
         return other
@@ -77,12 +91,6 @@ class LatestReaders:
         Called from the server thread, the only one that writes ``handed``.
         """
         self.handed[index] = np.maximum(self.handed[index], seq)
-
-    def advance(self, seq, rank=0):
-        """The node's rank ``rank`` asked for its minibatch ``seq``."""
-        self.now = max(self.now, seq)
-        self._asked[rank] = max(self._asked.get(rank, -1), seq)
-        self.low = min(self._asked.values())  # an int: the server thread reads it while this runs
 
     def holder(self, indices, seq, node=None):
         """Per file, the node to ask for it at step ``seq`` (``NO_OWNER``: nobody read it before).
@@ -189,7 +197,7 @@ class LatestReaders:
         return False
 
 
-class FirstReaders:
+class FirstReaders(_Position):
     """The node that reads a file in the plan's first epoch holds it for the whole job.
 
     Args:
@@ -201,9 +209,7 @@ class FirstReaders:
 
     def __init__(self, owners, me):
         self.owners, self.me = owners, me
-
-    def advance(self, seq, rank=0):
-        pass
+        self._start()
 
     def served(self, index, seq):
         pass

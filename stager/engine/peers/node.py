@@ -42,7 +42,8 @@ class Peers:
         self.choice = choice
         self.model = RateModel()
         self.cache = None
-        self.server = PeerServer(comm, root, telemetry, TIMEOUT_S, self._to_come, holders.served)
+        self.server = PeerServer(comm, root, telemetry, TIMEOUT_S, self._to_come, holders.served,
+                                 lambda: holders.low)
         self.fetcher = PeerFetcher(comm, source, root, threads, wait_s or TIMEOUT_S)
         self.fetcher_sizes = []
 

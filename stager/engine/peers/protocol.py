@@ -4,7 +4,8 @@ The requester sends an ``Ask`` (tag ``ASK``) for a few files to their
 holder's leader, and receives on a tag of its own, file after file in the
 order asked, an ``Offer``: the file's size and its first ``CHUNK`` bytes;
 ``PENDING`` when the holder owns the file and has not staged it yet (its own
-ranks will: ask again later); or ``MISSING`` when it has no complete copy
+ranks will: ask again later), with the holder's position (its slowest rank's
+latest request), so the asker can tell a holder behind from a stuck one; or ``MISSING`` when it has no complete copy
 (evicted, another size). A file larger than ``CHUNK`` goes on in chunks of
 at most ``CHUNK`` bytes, each a plain buffer message on the same tag, so a
 minibatch's small files cost one round trip together. A holder that cannot
@@ -61,10 +62,15 @@ class Ask:
 
 @dataclass(frozen=True, slots=True)
 class Offer:
-    """The holder's answer: the file's ``size`` (or ``MISSING``) and its first bytes."""
+    """The holder's answer: the file's ``size`` (``MISSING``, ``PENDING``) and its first bytes.
+
+    Attributes:
+        at: With ``PENDING``: the holder's position (its slowest rank's latest request).
+    """
 
     size: int
     first: bytes = b""
+    at: int = -1
 
 
 def wait(request, deadline, what, status=None):
@@ -109,12 +115,13 @@ class _Incoming:
         pass
 
 
-def serve(comm, peer, ask, root, timeout_s, to_come):
+def serve(comm, peer, ask, root, timeout_s, to_come, position=lambda: -1):
     """Answers one ``Ask`` from ``peer`` with the local copies under ``root``.
 
     Args:
         to_come: Callable ``(index) -> bool``: answer ``PENDING`` rather than
             ``MISSING`` for a file not here (it is still to come).
+        position: Callable: the holder's position, sent with ``PENDING``.
 
     Yields:
         ``(index, bytes sent)`` per file (0: missing, pending or cut).
@@ -135,8 +142,8 @@ def serve(comm, peer, ask, root, timeout_s, to_come):
         try:
             size = os.fstat(fd).st_size if fd is not None else MISSING
             if size != expected:
-                offers.append(comm.isend(Offer(PENDING if fd is None and to_come(index) else MISSING),
-                                         dest=peer, tag=ask.tag))
+                offer = Offer(PENDING, at=position()) if fd is None and to_come(index) else Offer(MISSING)
+                offers.append(comm.isend(offer, dest=peer, tag=ask.tag))
                 yield index, 0
                 continue
             first = os.pread(fd, min(CHUNK, size), 0)
@@ -169,7 +176,8 @@ def receive(comm, owner, tag, rel, write, timeout_s):
     file's answer starts where it should.
 
     Returns:
-        Bytes received, ``MISSING`` or ``PENDING``.
+        ``(outcome, at)``: bytes received, ``MISSING`` or ``PENDING``; and
+        with ``PENDING``, the holder's position (else -1).
 
     Raises:
         PeerTimeout: When the owner does not answer within ``timeout_s``.
@@ -181,7 +189,7 @@ def receive(comm, owner, tag, rel, write, timeout_s):
     what = f"file {rel} from node leader {owner}"
     offer = wait(_Incoming(comm, owner, tag), deadline, what)
     if offer.size < 0:
-        return offer.size
+        return offer.size, offer.at
     error = None
 
     def keep(data):
@@ -208,7 +216,7 @@ def receive(comm, owner, tag, rel, write, timeout_s):
         got += n
     if error is not None:
         raise error
-    return got
+    return got, -1
 
 
 def write_all(fd, data):

@@ -27,11 +27,14 @@ class PeerServer:
             it before that step and has not staged it so far).
         on_served: Callable ``(index, seq)``: a file was sent for the
             requester's step ``seq``.
+        position: Callable: this node's position (its slowest rank's latest
+            request), sent with each ``PENDING``.
     """
 
-    def __init__(self, comm, root, telemetry, timeout_s, to_come, on_served=lambda index, seq: None):
+    def __init__(self, comm, root, telemetry, timeout_s, to_come, on_served=lambda index, seq: None,
+                 position=lambda: -1):
         self.comm, self.root, self.telemetry, self.timeout_s = comm, root, telemetry, timeout_s
-        self.to_come, self.on_served = to_come, on_served
+        self.to_come, self.on_served, self.position = to_come, on_served, position
         self._halt = threading.Event()
         self._thread = threading.Thread(target=self._run, name="stager-peer-server", daemon=True)
 
@@ -54,7 +57,8 @@ class PeerServer:
             ask = self.comm.recv(source=peer, tag=ASK)
             try:
                 to_come = lambda index, seq=ask.seq: self.to_come(index, seq)  # noqa: E731
-                for index, sent in serve(self.comm, peer, ask, self.root, self.timeout_s, to_come):
+                for index, sent in serve(self.comm, peer, ask, self.root, self.timeout_s, to_come,
+                                         self.position):
                     self.telemetry.record(tm.SERVED, index, sent, ask.epoch)
                     if sent > 0:
                         self.on_served(index, ask.seq)
