@@ -136,3 +136,62 @@ def test_per_file_events_keep_a_bounded_window_and_their_totals_stay_exact():
     assert stages["prefetch"]["files_from_source"] == want_files
     assert stages["prefetch"]["bytes_from_source"] == want_bytes
     assert stages["prefetch"]["files_present"] == 2 * sum(present)
+
+
+def test_per_minibatch_events_beyond_a_few_chunks_leave_memory_and_all_come_back():
+    """A run of days records per-minibatch events without end: each thread keeps its latest few chunks in
+    memory and writes older ones to a temporary file; every event comes back, in order, with its values,
+    also in a forked child that goes on recording (and spilling) on its own."""
+    import os
+    import threading
+    import tracemalloc
+
+    from stager.telemetry.events import CHUNK, STEP_CHUNKS_KEPT
+
+    per_thread = 10 * CHUNK + 77
+    log = tm.Telemetry()
+    start = threading.Barrier(2)
+
+    def consume(k):
+        start.wait()
+        for i in range(per_thread):
+            log.record(tm.CONSUMED, i, k, i / 1000)
+
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        threads = [threading.Thread(target=consume, args=(k,)) for k in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    per_event = 33  # bytes of the five columns
+    assert held < 2 * (STEP_CHUNKS_KEPT + 2) * CHUNK * per_event, f"{held} bytes held for {2 * per_thread} events"
+    assert len(log) == 2 * per_thread
+
+    def check(events, count):
+        for k in range(2):
+            mine = [(a, v) for _, kind, a, b, v in events if b == k]
+            assert mine == [(i, i / 1000) for i in range(count)], f"thread {k}'s events"
+
+    check(log.events([tm.CONSUMED]), per_thread)
+    t, kind, a, b, value = log.arrays()
+    assert len(t) == 2 * per_thread and (t[1:] >= t[:-1]).all()
+
+    pid = os.fork()
+    if pid == 0:  # the child records more, spilling to a file of its own, and still reads its parent's
+        code = 1
+        try:
+            for i in range(per_thread, per_thread + 3 * CHUNK):
+                log.record(tm.CONSUMED, i, 0, i / 1000)
+                log.record(tm.CONSUMED, i, 1, i / 1000)
+            check(log.events([tm.CONSUMED]), per_thread + 3 * CHUNK)
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, "the forked child's log"
+    check(log.events([tm.CONSUMED]), per_thread)  # the parent's is untouched

@@ -5,12 +5,16 @@ Each thread appends to its own columns (``array`` of doubles and integers:
 the threads' columns when it asks. A stall report or a tuner reads the events;
 ``stats.Stats`` is a running view of the totals.
 
-Per-minibatch events are all kept: some 250 bytes a minibatch, so 250 MB
-for a million of them. Per-file events (``FILE_KINDS``) would grow with the
-dataset times the epochs (ImageNet's 1.28 million files on one node: about
-100 MB an epoch), so each thread keeps only its latest ``FILE_EVENTS_KEPT`` to
-``FILE_EVENTS_KEPT + CHUNK`` of them and folds older ones into totals
-(``file_totals``): what the accounting reads is exact however long the run.
+Per-minibatch events are all kept, some 250 bytes a minibatch (250 MB for
+a million of them): each thread keeps its latest ``STEP_CHUNKS_KEPT`` full
+chunks in memory and writes older ones to an unnamed temporary file
+(``_Spill``), read back when the whole log is asked for, so a run of days
+holds a bounded log in memory. Per-file events (``FILE_KINDS``) would grow
+with the dataset times the epochs (ImageNet's 1.28 million files on one
+node: about 100 MB an epoch), so each thread keeps only its latest
+``FILE_EVENTS_KEPT`` to ``FILE_EVENTS_KEPT + CHUNK`` of them and folds older
+ones into totals (``file_totals``): what the accounting reads is exact
+however long the run.
 
 An event is ``(time, kind, a, b, value)``; what ``a``, ``b`` and ``value``
 mean depends on the kind:
@@ -50,6 +54,8 @@ A ``GROUP`` event (a job of a shared group, ``staging.share``) says, by its
 (``stager.telemetry.accounting``).
 """
 
+import os
+import tempfile
 import threading
 import time
 from array import array
@@ -69,6 +75,42 @@ FILE_KINDS = frozenset((STAGED, EVICTED, PEER, SERVED, FALLBACK, DROPPED))  # on
 _TYPES = ("d", "b", "q", "q", "d")  # time, kind, a, b, value
 CHUNK = 4096  # events in a chunk of a column (128 KiB): a log grows by whole chunks, never by copying itself
 FILE_EVENTS_KEPT = 2 * CHUNK  # per-file events a thread keeps, and up to a chunk more: 256 to 384 KiB
+STEP_CHUNKS_KEPT = 2  # full chunks of per-minibatch events a thread keeps in memory; older ones are spilled
+_WIDTHS = tuple(array(code).itemsize for code in _TYPES)
+
+
+class _Spill:
+    """Full chunks of events written out, oldest first, to an unnamed temporary file (gone with the process).
+
+    Opened at the first chunk spilled; a forked child that spills opens its
+    own (chunks its parent wrote stay readable in the parent's).
+    """
+
+    def __init__(self):
+        self._file, self._pid, self._end = None, None, 0
+
+    def write(self, chunk):
+        """Writes a chunk's columns; returns where it lies: ``(file, offset, events)``."""
+        if self._pid != os.getpid():
+            self._file, self._pid, self._end = tempfile.TemporaryFile(prefix="stager-events-"), os.getpid(), 0
+        data = b"".join(col.tobytes() for col in chunk)
+        where = (self._file, self._end, len(chunk[0]))
+        os.pwrite(self._file.fileno(), data, self._end)
+        self._end += len(data)
+        return where
+
+    @staticmethod
+    def read(where):
+        """The columns of the chunk written at ``where``."""
+        file, offset, n = where
+        data = os.pread(file.fileno(), n * sum(_WIDTHS), offset)
+        out = []
+        for code, width in zip(_TYPES, _WIDTHS):
+            col = array(code)
+            col.frombytes(data[:n * width])
+            data = data[n * width:]
+            out.append(col)
+        return out
 
 
 class _Columns:
@@ -79,15 +121,20 @@ class _Columns:
     would grow by those holes too.
     """
 
-    __slots__ = ("full", "t", "kind", "a", "b", "value")
+    __slots__ = ("spilled", "full", "t", "kind", "a", "b", "value")
 
     def __init__(self):
+        self.spilled = []  # where each chunk written out lies in the log's ``_Spill``
         self.full = []
         self.t, self.kind, self.a, self.b, self.value = (array(code) for code in _TYPES)
 
     def __len__(self):
         # ``value`` is appended last: every column holds at least this many.
-        return len(self.full) * CHUNK + len(self.value)
+        return (len(self.spilled) + len(self.full)) * CHUNK + len(self.value)
+
+    def spill_oldest(self, spill):
+        """Writes the oldest full chunk out (under the log's lock)."""
+        self.spilled.append(spill.write(self.full.pop(0)))
 
     def full_now(self):
         return len(self.value) >= CHUNK
@@ -104,11 +151,11 @@ class _Columns:
         self.b.append(b)
         self.value.append(value)
 
-    def snapshot(self):
+    def snapshot(self, spill=None):
         """Copies of the columns, all of one length (the owner may append meanwhile; it never rewrites)."""
         n = len(self.value)
         out = [array(code) for code in _TYPES]
-        for chunk in self.full:
+        for chunk in [spill.read(where) for where in self.spilled] + self.full:
             for col, part in zip(out, chunk):
                 col.extend(part)
         for col, part in zip(out, (self.t, self.kind, self.a, self.b, self.value)):
@@ -151,6 +198,7 @@ class Telemetry:
         self._local = threading.local()
         self._threads = []
         self._lock = threading.Lock()  # to register a thread's columns, and while chunks change places
+        self._spill = _Spill()
 
     def _thread(self):
         mine = getattr(self._local, "mine", None)
@@ -169,13 +217,15 @@ class Telemetry:
                 cols.rotate()
                 if len(mine.files.full) * CHUNK > FILE_EVENTS_KEPT:
                     mine.fold_oldest()
+                if len(mine.steps.full) > STEP_CHUNKS_KEPT:
+                    mine.steps.spill_oldest(self._spill)
         cols.append(time.monotonic(), kind, a, b, value)
         if self.on_event is not None:
             self.on_event(kind, a, b, value)
 
     def _snapshots(self):
         with self._lock:
-            return [cols.snapshot() for mine in self._threads for cols in (mine.steps, mine.files)]
+            return [cols.snapshot(self._spill) for mine in self._threads for cols in (mine.steps, mine.files)]
 
     def file_totals(self, kind):
         """Per-file events of ``kind`` so far, kept or folded: ``(files, bytes, present)``.

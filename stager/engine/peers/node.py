@@ -1,5 +1,6 @@
 """A node leader's part in sharing caches: who holds what, the server, the fetchers, the model."""
 
+import collections
 import logging
 import time
 
@@ -15,6 +16,7 @@ from ..messages import PeerFetch
 log = logging.getLogger(__name__)
 
 TIMEOUT_S = 120.0  # a holder that answers nothing for this long is a failure, not a slow peer
+SIZES_KEPT = 4096  # the latest files fetched from peers whose sizes give the typical one (a list of all grew per file)
 
 
 class Peers:
@@ -45,7 +47,7 @@ class Peers:
         self.server = PeerServer(comm, root, telemetry, TIMEOUT_S, self._to_come, holders.served,
                                  lambda: holders.low)
         self.fetcher = PeerFetcher(comm, source, root, threads, wait_s or TIMEOUT_S)
-        self.fetcher_sizes = []
+        self.fetcher_sizes = collections.deque(maxlen=SIZES_KEPT)
 
     @property
     def conn(self):
