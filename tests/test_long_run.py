@@ -21,9 +21,10 @@ SAMPLES, BYTES, BATCH, EPOCHS, RANKS = 256, 3000, 8, 200, 4
 STEPS = SAMPLES // BATCH // RANKS  # rank 0's minibatches in an epoch
 CAPACITY = 240_000                 # per node: less than its ranks read, so the cache evicts every epoch
 # What epochs 100-200 may add to a process's memory (the median over 10 epochs at each end). Measured here:
-# readers and prefetchers under 0.3 MiB, ranks 0.4 MiB, node leaders 2.2-2.5 MiB (about 22 KiB an epoch,
-# 170 bytes a file the node reads: not Python objects by tracemalloc, not the event log, not the peer
-# protocol alone; not explained yet). It fails on 400 bytes more a file read, or 3 KiB more a minibatch.
+# readers and prefetchers under 0.3 MiB, ranks 0.4 MiB, node leaders 2-5 MiB (15-25 KiB an epoch: not
+# Python objects, not memory malloc could give back, not the event log (bounded), not the peer protocol
+# alone; not explained yet, see docs/benchmarks.md). It fails on 400 bytes more a file read, or 3 KiB more
+# a minibatch.
 GROWTH_KIB = 5 * 1024
 
 
