@@ -1,6 +1,7 @@
-"""A node service that lives for days: 200 epochs of a small dataset under mpiexec, 4 ranks as 2 emulated
-nodes, peers and a bounded cache, every process watched from outside. Nothing may grow with the epochs:
-memory, open files, the staging directory."""
+"""A node service that lives for days, every process watched from outside: 200 epochs of a small dataset
+under mpiexec, 4 ranks as 2 emulated nodes, peers and a bounded cache; and 300 epochs of two jobs sharing
+a node's service and its shelf of decoded minibatches. Nothing may grow with the epochs: memory, open
+files, the staging directory, the shelf."""
 
 import json
 import os
@@ -9,11 +10,12 @@ import sys
 
 import pytest
 
-from conftest import make_job_data
+from conftest import REPO, make_job_data
 from stager import plan
 from stager.catalog import Catalog
 from stager.config import PlanConfig
 from test_mpi_run import MPIEXEC, assert_nothing_left, read_records
+from test_share import group  # noqa: F401 (the fixture: a dataset behind the emulator, a group name, cleanup)
 
 pytestmark = pytest.mark.skipif(not os.path.exists(MPIEXEC), reason=f"no mpiexec at {MPIEXEC} (install .[mpich])")
 
@@ -77,3 +79,70 @@ reader: {{workers: 1}}
     report = json.loads((rec / "r.json").read_text())
     assert len(report["cache"]) == EPOCHS and report["reads"]["source"]["files"] >= SAMPLES
     assert_nothing_left(tmp_path, job)
+
+
+SHARED_EPOCHS, SHARE_WINDOW = 300, 64  # a window the jobs' start-up lag fits in: they share from the start
+
+
+def test_two_jobs_sharing_a_node_for_300_epochs_keep_memory_files_and_the_shelf_bounded(group):
+    """Two ``stager run`` jobs of one group (``staging.share``, the same order: one stream of decoded
+    minibatches) for 300 epochs: every process of both jobs and of the service they share keeps its memory
+    and descriptors over epochs 100-300, the shelf never holds more than the window of published minibatches
+    and as many free files, and both jobs get every minibatch in plan order (bytes checked by the loader)."""
+    import glob
+
+    from helpers.procwatch import ProcWatch
+    from test_share import SAMPLES as SHARED_SAMPLES, assert_service_gone, service_pids
+
+    g = group
+    staging = {"local_dir": str(g["tmp"] / "local"), "prefetchers": 2, "lookahead": 4, "share": g["name"],
+               "share_window": SHARE_WINDOW}
+    job = g["tmp"] / "shared.yaml"
+    job.write_text(f"""
+dataset: {{source: {g['source']}, manifest: manifest.tsv, loader: "groupchecks:counted"}}
+plan: {{batch_size: {BATCH}, epochs: {SHARED_EPOCHS}, seed: 3}}
+staging: {json.dumps(staging)}
+reader: {{workers: 1}}
+run: {{compute_ms: 5}}
+""")
+    env = dict(os.environ, TMPDIR=str(g["tmp"]), STAGER_TEST_COPY=str(g["tmp"] / "copy"),
+               STAGER_TEST_DECODES=str(g["tmp"] / "decodes"),
+               PYTHONPATH=os.pathsep.join([os.path.join(REPO, "tests", "helpers"), os.environ.get("PYTHONPATH", REPO)]))
+    procs = []
+    for label in ("a", "b"):  # at once, so that they stay in step: the first to start founds the service
+        rec = g["tmp"] / f"rec-{label}"
+        rec.mkdir()
+        proc = subprocess.Popen([sys.executable, "-m", "stager", "run", str(job), "--quiet", "--record", str(rec),
+                                 "--report", str(rec / "r.json")], env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+        proc.rec = rec
+        procs.append(proc)
+        g["procs"].append(proc)
+    shelf = f"/dev/shm/stager-share-{os.getuid()}-{g['name']}-*"
+    steps = SHARED_SAMPLES // BATCH
+    with ProcWatch(lambda: [p.pid for p in procs if p.poll() is None] + service_pids(g), procs[0].rec / "rank-0.jsonl",
+                   steps, lambda: glob.glob(shelf), interval_s=0.2) as watch:
+        outs = [p.communicate(timeout=600) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+
+    catalog = Catalog.from_manifest(str(g["tmp"] / "data"), "manifest.tsv")
+    cfg = PlanConfig(batch_size=BATCH, epochs=SHARED_EPOCHS, seed=3)
+    order = [[catalog.name(i) for i in m.indices] for m in plan.iterate(SHARED_SAMPLES, cfg)]
+    for p in procs:
+        lines = [json.loads(line) for line in open(p.rec / "rank-0.jsonl")]
+        assert [line["samples"] for line in lines] == order
+        group_counts = json.loads((p.rec / "r.json").read_text())["group"]
+        assert group_counts["batches_from_group"] + group_counts["batches_published"] == len(order)
+    shared = sum(json.loads((p.rec / "r.json").read_text())["group"]["batches_from_group"] for p in procs)
+    assert shared > 0, "the jobs never took a minibatch from the shelf"
+
+    middle, late = watch.per_process(100, 120), watch.per_process(SHARED_EPOCHS - 20, SHARED_EPOCHS)
+    assert len(set(middle) & set(late)) >= 5, "the watch saw both jobs, the service and their workers"
+    for pid in set(middle) & set(late):
+        name, rss_mid, fds_mid = middle[pid]
+        _, rss_late, fds_late = late[pid]
+        assert rss_late - rss_mid <= GROWTH_KIB, f"{name} (pid {pid}) grew {rss_late - rss_mid} KiB in 180 epochs"
+        assert fds_late <= fds_mid + 2, f"{name} (pid {pid}) holds {fds_late} descriptors, {fds_mid} at epoch 100"
+    on_shelf = [s["local_files"] for s in watch.samples if s["epoch"] >= 0]
+    assert 0 < max(on_shelf) <= 2 * SHARE_WINDOW + 2, f"the shelf held up to {max(on_shelf)} files"
+    assert_service_gone(g)

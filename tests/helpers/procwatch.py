@@ -48,10 +48,13 @@ class ProcWatch:
     """Samples the processes below ``root_pid`` in a thread until ``stop()``.
 
     Args:
-        root_pid: The launcher (mpiexec).
+        root_pid: The launcher (mpiexec); or a callable returning the pids
+            to watch now, each with the processes below it (several jobs and
+            the service they share).
         record: Rank 0's record file (``--record``): one line a minibatch.
         steps: Minibatches of rank 0 in an epoch.
-        local_dir: The job's ``staging.local_dir``.
+        local_dir: The job's ``staging.local_dir``; or a callable returning
+            the directories to measure now (a shared staging directory and shelf).
         interval_s: Seconds between samples.
 
     Attributes:
@@ -87,14 +90,19 @@ class ProcWatch:
     def _run(self):
         while not self._halt.wait(self.interval_s):
             procs = {}
-            for pid in descendants(self.root_pid):
+            roots = self.root_pid() if callable(self.root_pid) else []
+            watched = set(roots).union(*(descendants(r) for r in roots)) if roots else descendants(self.root_pid)
+            for pid in watched:
                 try:
                     procs[pid] = (_name(pid), _rss_kib(pid), len(os.listdir(f"/proc/{pid}/fd")))
                     if pid not in self.parents:
                         self.parents[pid] = _name(_parent(pid))
                 except (OSError, ValueError):
                     pass  # exited between the listing and the reading
-            local_bytes, local_files = _tree_bytes(self.local_dir)
+            local_bytes = local_files = 0
+            for root in self.local_dir() if callable(self.local_dir) else [self.local_dir]:
+                nbytes, files = _tree_bytes(root)
+                local_bytes, local_files = local_bytes + nbytes, local_files + files
             self.samples.append({"epoch": self._epoch(), "local_bytes": local_bytes, "local_files": local_files,
                                  "procs": procs})
 
