@@ -28,6 +28,11 @@ CAPACITY = 240_000                 # per node: less than its ranks read, so the 
 # alone; not explained yet, see docs/benchmarks.md). It fails on 400 bytes more a file read, or 3 KiB more
 # a minibatch.
 GROWTH_KIB = 5 * 1024
+# Descriptors a process may hold throughout (the fewest over the window) beyond those at epoch 100: the event
+# log's temporary file, opened once when a thread's log first spills, and new slots of a reader's ring (each
+# slot's mapping holds a descriptor on both sides; a slot is made when all are in use, bounded by the
+# read-ahead; seen: one in 190 epochs). A leak of one a file or a minibatch would be hundreds.
+FDS_MORE = 4
 
 
 def test_200_epochs_with_peers_and_a_bounded_cache_stay_flat(tmp_path):
@@ -68,10 +73,10 @@ reader: {{workers: 1}}
     middle, late = watch.per_process(90, 100), watch.per_process(EPOCHS - 10, EPOCHS)
     assert len(late) >= 2 * RANKS, "the watch saw the ranks and their workers in the last epochs"
     for pid in set(middle) & set(late):
-        name, rss_mid, fds_mid = middle[pid]
-        _, rss_late, fds_late = late[pid]
+        name, rss_mid, _, fds_mid = middle[pid]
+        _, rss_late, _, fds_late = late[pid]
         assert rss_late - rss_mid <= GROWTH_KIB, f"{name} (pid {pid}) grew {rss_late - rss_mid} KiB in 100 epochs"
-        assert fds_late <= fds_mid + 2, f"{name} (pid {pid}) holds {fds_late} descriptors, {fds_mid} at epoch 100"
+        assert fds_late <= fds_mid + FDS_MORE, f"{name} (pid {pid}) holds {fds_late} descriptors, {fds_mid} at epoch 100"
     # Staged files stay within both nodes' capacities all along (a file being published counts).
     most = max(s["local_bytes"] for s in watch.samples)
     assert 0 < most <= 2 * CAPACITY, most
@@ -139,10 +144,10 @@ run: {{compute_ms: 5}}
     middle, late = watch.per_process(100, 120), watch.per_process(SHARED_EPOCHS - 20, SHARED_EPOCHS)
     assert len(set(middle) & set(late)) >= 5, "the watch saw both jobs, the service and their workers"
     for pid in set(middle) & set(late):
-        name, rss_mid, fds_mid = middle[pid]
-        _, rss_late, fds_late = late[pid]
+        name, rss_mid, _, fds_mid = middle[pid]
+        _, rss_late, _, fds_late = late[pid]
         assert rss_late - rss_mid <= GROWTH_KIB, f"{name} (pid {pid}) grew {rss_late - rss_mid} KiB in 180 epochs"
-        assert fds_late <= fds_mid + 2, f"{name} (pid {pid}) holds {fds_late} descriptors, {fds_mid} at epoch 100"
+        assert fds_late <= fds_mid + FDS_MORE, f"{name} (pid {pid}) holds {fds_late} descriptors, {fds_mid} at epoch 100"
     on_shelf = [s["local_files"] for s in watch.samples if s["epoch"] >= 0]
     assert 0 < max(on_shelf) <= 2 * SHARE_WINDOW + 2, f"the shelf held up to {max(on_shelf)} files"
     assert_service_gone(g)

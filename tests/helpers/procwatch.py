@@ -107,10 +107,12 @@ class ProcWatch:
                                  "procs": procs})
 
     def per_process(self, first, last):
-        """``{pid: (name, median RSS KiB, most fds)}`` over the samples of epochs ``first`` to ``last - 1``.
+        """``{pid: (name, median RSS KiB, most fds, fewest fds)}`` over the samples of epochs ``first`` to ``last - 1``.
 
         The median, not the most: a large temporary (a numpy array above
         malloc's mmap threshold) shows in one sample and is gone in the next.
+        The fewest descriptors are those held throughout (a leak raises
+        them), without the files a worker has open for a moment.
         """
         seen = {}
         for sample in self.samples:
@@ -119,4 +121,4 @@ class ProcWatch:
                     seen.setdefault(pid, (name, [], []))
                     seen[pid][1].append(rss)
                     seen[pid][2].append(fds)
-        return {pid: (name, sorted(rss)[len(rss) // 2], max(fds)) for pid, (name, rss, fds) in seen.items()}
+        return {pid: (name, sorted(rss)[len(rss) // 2], max(fds), min(fds)) for pid, (name, rss, fds) in seen.items()}
