@@ -76,7 +76,7 @@ reader: {{workers: 1}}
         name, rss_mid, _, fds_mid = middle[pid]
         _, rss_late, _, fds_late = late[pid]
         assert rss_late - rss_mid <= GROWTH_KIB, f"{name} (pid {pid}) grew {rss_late - rss_mid} KiB in 100 epochs"
-        assert fds_late <= fds_mid + FDS_MORE, f"{name} (pid {pid}) holds {fds_late} descriptors, {fds_mid} at epoch 100"
+        assert fds_late <= fds_mid + FDS_MORE, f"{name} (pid {pid}) holds {fds_late} descriptors, {fds_mid} at 100"
     # Staged files stay within both nodes' capacities all along (a file being published counts).
     most = max(s["local_bytes"] for s in watch.samples)
     assert 0 < most <= 2 * CAPACITY, most
@@ -147,7 +147,7 @@ run: {{compute_ms: 5}}
         name, rss_mid, _, fds_mid = middle[pid]
         _, rss_late, _, fds_late = late[pid]
         assert rss_late - rss_mid <= GROWTH_KIB, f"{name} (pid {pid}) grew {rss_late - rss_mid} KiB in 180 epochs"
-        assert fds_late <= fds_mid + FDS_MORE, f"{name} (pid {pid}) holds {fds_late} descriptors, {fds_mid} at epoch 100"
+        assert fds_late <= fds_mid + FDS_MORE, f"{name} (pid {pid}) holds {fds_late} descriptors, {fds_mid} at 100"
     on_shelf = [s["local_files"] for s in watch.samples if s["epoch"] >= 0]
     assert 0 < max(on_shelf) <= 2 * SHARE_WINDOW + 2, f"the shelf held up to {max(on_shelf)} files"
     assert_service_gone(g)

@@ -98,9 +98,10 @@ class Cache:
         return local
 
     def read_again(self, indices):
-        """Per file, whether the job reads its copy here again: the next reader, this node or another, would take it from here.
+        """Per file, whether the job reads its copy here again (its next reader would take it from here).
 
-        Without this copy that read goes to the source. Only reads the node
+        The next reader is this node or another; without this copy that read
+        goes to the source. Only reads the node
         knows of count (its ranks' plans as far as they are listed).
         """
         indices = np.asarray(indices, dtype=np.int64)

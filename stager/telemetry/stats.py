@@ -142,8 +142,8 @@ class Stats:
         if epoch not in self.cache:
             self.cache[epoch] = dict.fromkeys(("hits", "samples_local", "bytes_local", "misses", "files_from_source",
                                                "bytes_from_source", "files_after_peer", "evictions", "bytes_evicted",
-                                               "dropped", "bytes_dropped", "peak_bytes", "files_from_peers", "bytes_from_peers", "files_to_peers",
-                                               "bytes_to_peers"), 0)
+                                               "dropped", "bytes_dropped", "peak_bytes", "files_from_peers",
+                                               "bytes_from_peers", "files_to_peers", "bytes_to_peers"), 0)
         return self.cache[epoch]
 
     def cache_table(self):
