@@ -151,11 +151,11 @@ class _Columns:
         self.b.append(b)
         self.value.append(value)
 
-    def snapshot(self, spill=None):
+    def snapshot(self):
         """Copies of the columns, all of one length (the owner may append meanwhile; it never rewrites)."""
         n = len(self.value)
         out = [array(code) for code in _TYPES]
-        for chunk in [spill.read(where) for where in self.spilled] + self.full:
+        for chunk in [_Spill.read(where) for where in self.spilled] + self.full:
             for col, part in zip(out, chunk):
                 col.extend(part)
         for col, part in zip(out, (self.t, self.kind, self.a, self.b, self.value)):
@@ -225,7 +225,7 @@ class Telemetry:
 
     def _snapshots(self):
         with self._lock:
-            return [cols.snapshot(self._spill) for mine in self._threads for cols in (mine.steps, mine.files)]
+            return [cols.snapshot() for mine in self._threads for cols in (mine.steps, mine.files)]
 
     def file_totals(self, kind):
         """Per-file events of ``kind`` so far, kept or folded: ``(files, bytes, present)``.
