@@ -10,12 +10,18 @@ counts, a peer fetch falling back to it) runs under a ``Deadline``: in a
 helper thread that says, before each read, what it reads
 (``with reading("open", path): ...``), while the caller watches the clock
 and raises ``SourceStalled`` once one read has waited longer than the limit.
-The helper thread stays behind, asleep in the kernel; it ends when the file
-system answers, or with the process (which a hung server that ignores
+A helper whose call returned in time runs the deadline's next call: a peer
+fetch falling back to the source reads file after file, and a thread
+started and ended for each file would cost its start and, in a node service
+that lives for days, memory each ended thread leaves mapped. A helper
+whose read overran stays behind, asleep in the kernel; it ends when the
+file system answers, or with the process (which a hung server that ignores
 interrupts delays until the mount is cleared: only the kernel can end such
 a wait).
 """
 
+import os
+import queue
 import threading
 import time
 
@@ -76,8 +82,32 @@ def adopt(deadline):
     _current.deadline = deadline
 
 
+class _Helper:
+    """A daemon thread that runs a deadline's calls one at a time, until it is told to end."""
+
+    def __init__(self, deadline):
+        self.pid = os.getpid()  # a forked child has none of its parent's threads
+        self._calls = queue.SimpleQueue()
+        threading.Thread(target=self._serve, args=(deadline,), name="stager-source-read", daemon=True).start()
+
+    def _serve(self, deadline):
+        adopt(deadline)
+        while (call := self._calls.get()) is not None:
+            call()
+
+    def call(self, fn):
+        self._calls.put(fn)
+
+    def end(self):
+        """Ends the thread once the call it is in (if any) returns."""
+        self._calls.put(None)
+
+
 class Deadline:
     """The longest a single read of the source may wait, and the work it watches.
+
+    Its helper threads are kept for its next calls: ``close()`` (or the end
+    of a ``with`` block) ends the idle ones. Callable from several threads.
 
     Args:
         limit_s: Seconds one read may wait; 0 waits without end.
@@ -89,6 +119,36 @@ class Deadline:
         self.setting = setting
         self._lock = threading.Lock()
         self._waits = {}  # thread ident -> (what, path, since)
+        self._idle = []   # helpers between calls
+        self._closed = False
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self):
+        """Ends the idle helpers (safe twice); a helper still in a call ends when the call returns."""
+        with self._lock:
+            self._closed, idle, self._idle = True, self._idle, []
+        for helper in idle:
+            helper.end()
+
+    def _helper(self):
+        with self._lock:
+            while self._idle:
+                helper = self._idle.pop()
+                if helper.pid == os.getpid():
+                    return helper
+        return _Helper(self)
+
+    def _done_with(self, helper):
+        with self._lock:
+            if not self._closed:
+                self._idle.append(helper)
+                return
+        helper.end()
 
     def on(self, what, path):
         with self._lock:
@@ -121,7 +181,6 @@ class Deadline:
         done, box = threading.Event(), {}
 
         def body():
-            adopt(self)
             try:
                 box["result"] = fn(*args, **kwargs)
             except BaseException as exc:  # handed to the caller, which raises it
@@ -129,11 +188,17 @@ class Deadline:
             finally:
                 done.set()
 
-        threading.Thread(target=body, name="stager-source-read", daemon=True).start()
-        while not done.wait(min(1.0, self.limit_s / 4)):
-            late = self.overdue()
-            if late is not None:
-                raise SourceStalled(*late, self.limit_s, self.setting)
+        helper = self._helper()
+        helper.call(body)
+        try:
+            while not done.wait(min(1.0, self.limit_s / 4)):
+                late = self.overdue()
+                if late is not None:
+                    raise SourceStalled(*late, self.limit_s, self.setting)
+        except BaseException:
+            helper.end()  # left in its read: it ends once the read returns, and runs nothing more
+            raise
+        self._done_with(helper)
         if "error" in box:
             raise box["error"]
         return box["result"]
@@ -180,4 +245,5 @@ def within(limit_s, fn, *args, **kwargs):
     """``Deadline(limit_s).run(fn, ...)``; where a deadline is already active (nested), ``fn`` runs under it."""
     if current() is not None:
         return fn(*args, **kwargs)
-    return Deadline(limit_s).run(fn, *args, **kwargs)
+    with Deadline(limit_s) as deadline:
+        return deadline.run(fn, *args, **kwargs)
