@@ -14,6 +14,7 @@ Then ``stager simulate``'s model at 1,024 nodes x 4 ranks (``--files``
 files of 110 KB, batch 8, 8 nodes replayed file by file), the same capacities.
 
     .venv/bin/python benchmarks/job_cache.py --json docs/job-cache.json
+    .venv/bin/python benchmarks/job_cache.py --nodes 4 --aggregates 0.5 1.0 --depths auto --no-scale
 
 Prints a Markdown section for docs/benchmarks.md.
 """
@@ -57,9 +58,9 @@ def real_rows(opts, work):
     total = int(catalog.sizes.sum())
     os.mkdir(os.path.join(work, "mnt"))
     with SlowFS(data, os.path.join(work, "mnt"), open_ms=opts.open_ms) as mnt:
-        for nodes in (2, 4):
-            for aggregate in AGGREGATES:
-                for depth in DEPTHS:
+        for nodes in opts.nodes:
+            for aggregate in opts.aggregates:
+                for depth in opts.depths:
                     capacity = int(aggregate * total / nodes)
                     cfg_path = os.path.join(work, "job.yaml")
                     local = os.path.join(work, "local")
@@ -89,8 +90,8 @@ def real_rows(opts, work):
 def scale_rows(opts):
     rows = []
     sizes = np.full(opts.scale_files, 110_000, dtype=np.int64)
-    for aggregate in AGGREGATES:
-        for depth in DEPTHS:
+    for aggregate in opts.aggregates:
+        for depth in opts.depths:
             capacity = int(aggregate * sizes.sum() / 1024)
             cfg = config_from_dict({"dataset": {"source": "/nonexistent"},
                                     "plan": {"batch_size": opts.scale_batch, "epochs": 3, "seed": 1},
@@ -135,20 +136,27 @@ def main():
     ap.add_argument("--scale-files", type=int, default=262_144, help="files of the 1,024-node simulation")
     ap.add_argument("--scale-batch", type=int, default=8, help="batch size of the 1,024-node simulation")
     ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--nodes", type=int, nargs="+", default=[2, 4], help="emulated nodes of the real runs")
+    ap.add_argument("--aggregates", type=float, nargs="+", default=list(AGGREGATES),
+                    help="the nodes' capacities together, in datasets")
+    ap.add_argument("--depths", nargs="+", default=list(DEPTHS), type=lambda v: v if v == "auto" else int(v),
+                    help="staging.lookahead values (auto or a number)")
+    ap.add_argument("--no-scale", action="store_true", help="leave out the 1,024-node simulation")
     opts = ap.parse_args()
     work = tempfile.mkdtemp(prefix="stager-job-cache-")
     try:
         real, total = real_rows(opts, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    scale = scale_rows(opts)
+    scale = [] if opts.no_scale else scale_rows(opts)
     if opts.json:
         with open(opts.json, "w") as fh:
             json.dump({"options": vars(opts), "dataset_bytes": total, "real": real, "scale": scale}, fh, indent=1)
             fh.write("\n")
     print(table(real, opts.samples))
-    print()
-    print(table(scale, opts.scale_files))
+    if scale:
+        print()
+        print(table(scale, opts.scale_files))
 
 
 if __name__ == "__main__":
