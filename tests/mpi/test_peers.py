@@ -125,37 +125,3 @@ def test_a_holder_that_moves_is_waited_for_past_still_s(comm, dirs):
     assert len(first) > 2 and first[-1] - first[0] > 0.9
     assert (requester / "small.bin").read_bytes() == (source / "small.bin").read_bytes()
 
-
-def test_a_file_to_come_does_not_hold_the_only_fetch_thread_from_the_next_task(comm, dirs):
-    """One fetch thread; the first task's file is staged by its holder only once the second task's file
-    has reached the requester (the holder's ranks wait for what the requester's ranks fetch): the
-    pending file is asked for again later while the thread fetches the second task, and both come from
-    the holder. A thread held by the pending file would fetch nothing until the still-bound ran out."""
-    source, holder, requester, files = dirs
-    data = (holder / "small.bin").read_bytes()
-    os.unlink(holder / "small.bin")
-    moves = iter(range(10**6))
-
-    def to_come(index, seq):
-        if index == 0 and (requester / "large.bin").exists():
-            (holder / "small.bin").write_bytes(data)  # staged now: the next ask finds it
-        return True
-
-    telemetry = Telemetry()
-    server = PeerServer(comm, str(holder), telemetry, 30, to_come, position=lambda: next(moves))
-    fetcher = PeerFetcher(comm, open_source(str(source)), str(requester), 1, 30, still_s=20)
-    server.start()
-    fetcher.start()
-    try:
-        fetcher.tasks.put(PeerFetch(7, 1, 0, 0, [(0, "small.bin", files["small.bin"], None)], 3))
-        fetcher.tasks.put(PeerFetch(8, 1, 0, 0, [(1, "large.bin", files["large.bin"], None)], 2))
-        replies = []
-        while sum(len(m.done) for m in replies if isinstance(m, Staged)) < 2:
-            replies.append(fetcher.conn.recv())
-    finally:
-        fetcher.stop(5)
-        server.stop(5)
-    assert [(m.task, m.route, m.done) for m in replies] == [
-        (8, "peer", [(1, files["large.bin"])]), (7, "peer", [(0, files["small.bin"])])], replies
-    for name in files:
-        assert (requester / name).read_bytes() == (source / name).read_bytes()

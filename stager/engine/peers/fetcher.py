@@ -5,10 +5,9 @@ leaders run in threads of the leader's rank process. Each ``PeerFetch`` asks
 one holder for a minibatch's files it holds, in one message; what arrives is published like any staged file
 (``sources.publish``: a temporary name, the catalog's size checked, a
 rename). A holder that owns the file but has not staged it yet says so, and
-the files are asked for again a little later, by whichever fetch thread is
-free then (the owner is the one that reads it from the shared file system);
-a holder without a copy says so, and the thread reads the file from the
-shared file system instead. A holder whose
+the thread asks again a little later (the owner is the one that reads it
+from the shared file system); a holder without a copy says so, and the
+thread reads the file from the shared file system instead. A holder whose
 ranks have not moved for ``still_s`` while it says a file is to come, or that
 has not staged it within ``PENDING_WAIT_S``, or that does not answer within
 ``timeout_s``, is given up on for those files (``fallback``: read from the
@@ -19,14 +18,12 @@ pending files left out: they say nothing about the rates).
 """
 
 import errno
-import heapq
 import itertools
 import logging
 import multiprocessing
 import queue
 import threading
 import time
-from dataclasses import dataclass
 
 from .protocol import FIRST_REPLY_TAG, MISSING, PENDING, REPLY_TAGS, Ask, PeerTimeout, ask_for, receive, write_all
 from ..messages import Failure, Staged
@@ -38,7 +35,9 @@ log = logging.getLogger(__name__)
 
 # A holder that says a file is to come (``PENDING``) sends its position, its slowest rank's latest request.
 # While that moves, the holder is behind and the file is waited for; a holder whose position has not moved
-# for ``PENDING_STILL_S`` is stuck (its ranks stall). Its pending files are then read from the source and counted,
+# for ``PENDING_STILL_S`` is stuck: its ranks stall, or nodes of several ranks each, at different steps, wait
+# on each other's pending files with their caches full of what they keep for each other (seen once in about
+# three 200-epoch runs of 4 ranks as 2 nodes). Its pending files are then read from the source and counted,
 # and the asker does not wait on it again until it moves. A stall shorter than that costs a wait, a longer
 # one a file read twice; a holder whose steps each take longer than this is read around too, and so is one
 # that waits on a node far behind it (its position stays where it is meanwhile): 10 s read a file twice in
@@ -46,17 +45,6 @@ log = logging.getLogger(__name__)
 PENDING_STILL_S = 30.0
 # However the holder moves, a pending file is waited for this long at most.
 PENDING_WAIT_S = 60.0
-
-
-@dataclass(slots=True)
-class _Waiting:
-    """A task's files its holder has still to stage: asked for again after ``pause`` seconds."""
-
-    task: object
-    files: list
-    deadline: float  # the holder's answers are given up on at this time (``time.monotonic``)
-    patience: float  # the files are read from the source at this time, however the holder moves
-    pause: float
 
 
 class PeerFetcher:
@@ -87,9 +75,6 @@ class PeerFetcher:
         self.conn, self._reply = multiprocessing.Pipe(duplex=False)
         self._send_lock = threading.Lock()
         self._tags = itertools.count()
-        self._parked = []  # heap of (when to ask again, order, _Waiting)
-        self._parked_lock = threading.Lock()
-        self._parked_order = itertools.count()
         self._deadline = Deadline(timeout_s)  # its helper threads are reused: fallbacks come file after file
         self._threads = [threading.Thread(target=self._run, args=(i,), name=f"stager-peer-fetch-{i}", daemon=True)
                          for i in range(threads)]
@@ -102,68 +87,41 @@ class PeerFetcher:
         with self._send_lock:
             self._reply.send(msg)
 
-    def _next(self):
-        """The next fetch: pending files whose time to ask again has come first, then a new task (None: stop)."""
-        while True:
-            with self._parked_lock:
-                now = time.monotonic()
-                if self._parked and self._parked[0][0] <= now:
-                    return heapq.heappop(self._parked)[2]
-                wait = self._parked[0][0] - now if self._parked else None
-            try:
-                return self.tasks.get(timeout=wait)
-            except queue.Empty:
-                continue
-
-    def _park(self, waiting):
-        with self._parked_lock:
-            heapq.heappush(self._parked, (time.monotonic() + waiting.pause, next(self._parked_order), waiting))
-
     def _run(self, worker):
         name = f"peer-fetch-{worker}"
         while True:
-            task = self._next()
+            task = self.tasks.get()
             if task is None:
                 return
-            task, waiting = (task.task, task) if isinstance(task, _Waiting) else (task, None)
             try:
-                for route, done, seconds in self._fetch(task, waiting):
+                for route, done, seconds in self._fetch(task):
                     self._send(Staged(task.task, name, done, seconds, task.epoch, route))
             except Exception as exc:  # the service fails the job with where and why
                 self._send(Failure.from_exception("prefetch", name, exc, task.epoch, task.step, None,
                                                   f"cannot stage files from node leader {task.owner}: "
                                                   f"{type(exc).__name__}: {exc}"))
 
-    def _fetch(self, task, waiting=None):
-        """One round of a task's files; yields ``(route, done, seconds)`` per way they came (``peer``, ``source``).
-
-        Files the holder has still to stage are parked, to be asked for again
-        by whichever thread is free then: a thread that waited on them would
-        be one fewer for the fetches of earlier steps, which the holder's
-        ranks may be waiting for (two nodes of several ranks whose threads all
-        waited so stopped each other until the still-bound ran out).
-
-        Args:
-            waiting: The ``_Waiting`` files of an earlier round, or None (a new task).
-        """
-        if waiting is None:
-            present = [(f[0], PRESENT) for f in task.files if already_published(self.root, f[1], f[2], f[3])]
-            if present:
-                yield "source", present, 0.0
-            todo = [f for f in task.files if not already_published(self.root, f[1], f[2], f[3])]
-            now = time.monotonic()
-            waiting = _Waiting(task, todo, now + self.timeout_s, now + min(self.timeout_s, PENDING_WAIT_S), 0.002)
-        todo, missing, late = waiting.files, [], []
+    def _fetch(self, task):
+        """Fetches a task's files; yields ``(route, done, seconds)`` per way they came (``peer``, ``source``)."""
+        start = time.perf_counter()
+        present = [(f[0], PRESENT) for f in task.files if already_published(self.root, f[1], f[2], f[3])]
+        if present:
+            yield "source", present, 0.0
+        todo = [f for f in task.files if not already_published(self.root, f[1], f[2], f[3])]
+        deadline = time.monotonic() + self.timeout_s
+        patience = time.monotonic() + min(self.timeout_s, PENDING_WAIT_S)
+        pause = 0.002
+        missing, late = [], []
         if task.owner in self.silent:  # it did not answer an earlier task: its late answers are never taken
             late, todo = todo, []
-        if todo:
+        while todo:
             start = time.perf_counter()
             tag = FIRST_REPLY_TAG + next(self._tags) % REPLY_TAGS
             done, pending, answered, at = [], [], 0, -1
             try:
                 ask_for(self.comm, task.owner, Ask([f[:3] for f in todo], task.epoch, tag, task.seq), self.timeout_s)
                 for f in todo:  # the answers come in the order asked
-                    outcome, heard = self._receive(task.owner, tag, f, max(waiting.deadline - time.monotonic(), 0.0))
+                    outcome, heard = self._receive(task.owner, tag, f, max(deadline - time.monotonic(), 0.0))
                     answered += 1
                     if outcome == PENDING:
                         pending.append(f)
@@ -180,20 +138,21 @@ class PeerFetcher:
                 pending = []
             if done:
                 yield "peer", done, time.perf_counter() - start
-            if pending:  # the holder's ranks read them before the asker's step: ask again rather than read them twice
+            todo = pending
+            if todo:  # the holder's ranks read them before the asker's step: ask again rather than read them twice
                 still = self._still_for(task.owner, at)
-                if still > self.still_s or time.monotonic() > waiting.patience:
+                if still > self.still_s or time.monotonic() > patience:
                     why = (f"its ranks have asked for nothing new for {still:.0f} s" if still > self.still_s else
                            f"within {min(self.timeout_s, PENDING_WAIT_S):g} s")
                     # Said once per holder and position: the report counts every file read around it.
                     told, self._told[task.owner] = self._told.get(task.owner) == at, at
                     (log.debug if told else log.warning)(
                         "stager: node leader %s has not staged %s (%s): reading %d file(s) from the source",
-                        task.owner, pending[0][1], why, len(pending))
-                    late += pending
-                else:
-                    self._park(_Waiting(task, pending, waiting.deadline, waiting.patience,
-                                        min(2 * waiting.pause, 0.05)))
+                        task.owner, todo[0][1], why, len(todo))
+                    late += todo
+                    break
+                time.sleep(pause)
+                pause = min(2 * pause, 0.05)
         for route, files in (("source", missing), ("fallback", late)):
             if files:
                 start = time.perf_counter()
