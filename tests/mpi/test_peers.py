@@ -124,4 +124,3 @@ def test_a_holder_that_moves_is_waited_for_past_still_s(comm, dirs):
     assert [(m.route, m.done) for m in replies] == [("peer", [(0, files["small.bin"])])], replies
     assert len(first) > 2 and first[-1] - first[0] > 0.9
     assert (requester / "small.bin").read_bytes() == (source / "small.bin").read_bytes()
-
