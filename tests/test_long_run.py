@@ -23,10 +23,10 @@ SAMPLES, BYTES, BATCH, EPOCHS, RANKS = 256, 3000, 8, 200, 4
 STEPS = SAMPLES // BATCH // RANKS  # rank 0's minibatches in an epoch
 CAPACITY = 240_000                 # per node: less than its ranks read, so the cache evicts every epoch
 # What epochs 100-200 may add to a process's memory (the median over 10 epochs at each end). Measured here:
-# readers and prefetchers under 0.3 MiB, ranks 0.4 MiB, node leaders 2-5 MiB (15-25 KiB an epoch: not
-# Python objects, not memory malloc could give back, not the event log (bounded), not the peer protocol
-# alone; not explained yet, see docs/benchmarks.md). It fails on 400 bytes more a file read, or 3 KiB more
-# a minibatch.
+# readers and prefetchers under 0.3 MiB, ranks 0.6 MiB (the event log filling its bounded window), node
+# leaders about 1 MiB, with steps of 1-3 MiB at no fixed epoch (see docs/benchmarks.md; they grew 15-25 KiB
+# an epoch while a thread was started for every file read around a peer). It fails on 400 bytes more a
+# file read, or 3 KiB more a minibatch.
 GROWTH_KIB = 5 * 1024
 # Descriptors a process may hold throughout (the fewest over the window) beyond those at epoch 100: the event
 # log's temporary file, opened once when a thread's log first spills, and new slots of a reader's ring (each

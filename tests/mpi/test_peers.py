@@ -5,6 +5,7 @@ import os
 import pathlib
 import shutil
 import tempfile
+import threading
 import time
 
 import numpy as np
@@ -124,3 +125,74 @@ def test_a_holder_that_moves_is_waited_for_past_still_s(comm, dirs):
     assert [(m.route, m.done) for m in replies] == [("peer", [(0, files["small.bin"])])], replies
     assert len(first) > 2 and first[-1] - first[0] > 0.9
     assert (requester / "small.bin").read_bytes() == (source / "small.bin").read_bytes()
+
+
+def fetch_two(comm, dirs, to_come, second_after, timeout_s=10):
+    """One fetch thread: task 7 (step 3, ``small.bin``), then, once ``second_after`` is set, task 8 (``large.bin``)
+    at the step given by ``second_after.step``. Returns the replies and the holder's answers in order."""
+    source, holder, requester, files = dirs
+    telemetry = Telemetry()
+    server = PeerServer(comm, str(holder), telemetry, 30, to_come, position=iter(range(10**6)).__next__)
+    fetcher = PeerFetcher(comm, open_source(str(source)), str(requester), 1, timeout_s, still_s=timeout_s)
+    server.start()
+    fetcher.start()
+    try:
+        fetcher.tasks.put(PeerFetch(7, 1, 0, 0, [(0, "small.bin", files["small.bin"], None)], 3))
+        assert second_after.wait(timeout_s), "the holder was never asked for the first task's file"
+        fetcher.tasks.put(PeerFetch(8, 1, 0, 0, [(1, "large.bin", files["large.bin"], None)], second_after.step))
+        second_after.queued = True
+        replies = []
+        while sum(len(m.done) for m in replies if isinstance(m, Staged)) < 2:
+            replies.append(fetcher.conn.recv())
+    finally:
+        fetcher.stop(5)
+        server.stop(5)
+    for name in files:
+        assert (requester / name).read_bytes() == (source / name).read_bytes()
+    return replies, [(e[2], e[3]) for e in telemetry.events([tm.SERVED])]
+
+
+def test_a_thread_waiting_on_a_file_to_come_takes_an_earlier_steps_task_meanwhile(comm, dirs):
+    """One fetch thread waits on the file of step 3, which its holder stages only once the requester has
+    the file of step 2 (the holder's ranks wait on what the requester's ranks fetch): the thread hands
+    step 3 back, fetches step 2, then step 3, both from the holder. A thread that kept waiting would
+    fetch nothing until the holder was given up on (the source read: route ``fallback``)."""
+    source, holder, requester, files = dirs
+    data = (holder / "small.bin").read_bytes()
+    os.unlink(holder / "small.bin")
+    asked = threading.Event()
+    asked.step = 2
+
+    def to_come(index, seq):
+        asked.set()
+        if (requester / "large.bin").exists():
+            (holder / "small.bin").write_bytes(data)  # staged now: the next ask finds it
+        return True
+
+    replies, served = fetch_two(comm, dirs, to_come, asked)
+    assert [(m.task, m.route, m.done) for m in replies] == [
+        (8, "peer", [(1, files["large.bin"])]), (7, "peer", [(0, files["small.bin"])])], replies
+
+
+def test_a_later_steps_task_does_not_overtake_a_file_to_come(comm, dirs):
+    """The thread waits on the file of step 3 (staged by its holder two asks after a task of step 4 was
+    queued): the holder is asked for step 4's file only once it has sent step 3's, which it
+    keeps for that step (a later task fetched first is how shared containers came to be read twice)."""
+    source, holder, requester, files = dirs
+    data = (holder / "small.bin").read_bytes()
+    os.unlink(holder / "small.bin")
+    asked = threading.Event()
+    asked.step, asked.queued, calls = 4, False, []
+
+    def to_come(index, seq):
+        asked.set()
+        if asked.queued:
+            calls.append(seq)
+            if len(calls) == 2:
+                (holder / "small.bin").write_bytes(data)
+        return True
+
+    replies, served = fetch_two(comm, dirs, to_come, asked)
+    assert [(m.task, m.route) for m in replies] == [(7, "peer"), (8, "peer")], replies
+    assert calls == [3, 3], calls
+    assert [s for s in served if s[1] > 0] == [(0, files["small.bin"]), (1, files["large.bin"])], served

@@ -7,7 +7,10 @@ one holder for a minibatch's files it holds, in one message; what arrives is pub
 rename). A holder that owns the file but has not staged it yet says so, and
 the thread asks again a little later (the owner is the one that reads it
 from the shared file system); a holder without a copy says so, and the
-thread reads the file from the shared file system instead. A holder whose
+thread reads the file from the shared file system instead. Threads take
+tasks by step, the earliest first, and one waiting on a file to come hands
+its task back for an earlier step's that no thread is free to take (``_Tasks``).
+A holder whose
 ranks have not moved for ``still_s`` while it says a file is to come, or that
 has not staged it within ``PENDING_WAIT_S``, or that does not answer within
 ``timeout_s``, is given up on for those files (``fallback``: read from the
@@ -18,12 +21,13 @@ pending files left out: they say nothing about the rates).
 """
 
 import errno
+import heapq
 import itertools
 import logging
 import multiprocessing
-import queue
 import threading
 import time
+from dataclasses import replace
 
 from .protocol import FIRST_REPLY_TAG, MISSING, PENDING, REPLY_TAGS, Ask, PeerTimeout, ask_for, receive, write_all
 from ..messages import Failure, Staged
@@ -35,9 +39,9 @@ log = logging.getLogger(__name__)
 
 # A holder that says a file is to come (``PENDING``) sends its position, its slowest rank's latest request.
 # While that moves, the holder is behind and the file is waited for; a holder whose position has not moved
-# for ``PENDING_STILL_S`` is stuck: its ranks stall, or nodes of several ranks each, at different steps, wait
-# on each other's pending files with their caches full of what they keep for each other (seen once in about
-# three 200-epoch runs of 4 ranks as 2 nodes). Its pending files are then read from the source and counted,
+# for ``PENDING_STILL_S`` is stuck: its ranks stall, or two nodes wait on each other's pending files (their
+# fetch threads all held by later steps: handed over since, see ``_Tasks``; or, not seen so far, their caches
+# full of what they keep for each other). Its pending files are then read from the source and counted,
 # and the asker does not wait on it again until it moves. A stall shorter than that costs a wait, a longer
 # one a file read twice; a holder whose steps each take longer than this is read around too, and so is one
 # that waits on a node far behind it (its position stays where it is meanwhile): 10 s read a file twice in
@@ -45,6 +49,59 @@ log = logging.getLogger(__name__)
 PENDING_STILL_S = 30.0
 # However the holder moves, a pending file is waited for this long at most.
 PENDING_WAIT_S = 60.0
+
+
+class _Tasks:
+    """The fetch threads' queue: the earliest step first (in the order queued within a step); ``None`` stops a thread.
+
+    A node's ranks may be at different steps, and so may the nodes: a thread
+    that waits on a file still to come from another node, while an earlier
+    step's task of its own node waits for a thread, may be waiting on that
+    very task (the other node's ranks read the file after fetching from
+    here). Every thread so held stopped two nodes of two ranks each until
+    the still-bound ran out, so the waiting thread hands its task back for
+    the earlier one (``hand_over``). The earliest step of all is always
+    fetched, so such waits never close a cycle; a later task never
+    overtakes an earlier one, which a holder keeps its files for (a fetcher
+    that parked files to come and took any new task meanwhile read shared
+    containers twice, once in about six runs under load).
+    """
+
+    def __init__(self):
+        self._heap = []  # (step, order, task, since: when the task was first taken, ``time.monotonic``)
+        self._order = itertools.count()
+        self._changed = threading.Condition()
+        self._idle = 0  # threads waiting in ``get``: they take whatever is queued
+
+    def put(self, task, since=None):
+        """Queues ``task`` (a ``PeerFetch``); ``None`` stops a thread before any task still queued."""
+        with self._changed:
+            step = -float("inf") if task is None else task.seq
+            heapq.heappush(self._heap, (step, next(self._order), task, since))
+            self._changed.notify_all()
+
+    def get(self):
+        """The earliest task and when it was first taken, waiting for one: ``(task, since)``."""
+        with self._changed:
+            self._idle += 1
+            self._changed.wait_for(lambda: self._heap)
+            self._idle -= 1
+            _, _, task, since = heapq.heappop(self._heap)
+            return task, time.monotonic() if since is None else since
+
+    def hand_over(self, task, since, timeout_s):
+        """Waits up to ``timeout_s`` for an earlier step's task that no free thread will take.
+
+        Returns:
+            ``(task, since)`` of that task, with ``task`` queued in its
+            place, or None when none came.
+        """
+        with self._changed:
+            if not self._changed.wait_for(lambda: not self._idle and self._heap and self._heap[0][0] < task.seq,
+                                          timeout_s):
+                return None
+            _, _, earlier, when = heapq.heappushpop(self._heap, (task.seq, next(self._order), task, since))
+            return earlier, time.monotonic() if when is None else when
 
 
 class PeerFetcher:
@@ -71,7 +128,7 @@ class PeerFetcher:
         self._heard = {}  # per holder: its position in its latest PENDING, and since when it has been there
         self._heard_lock = threading.Lock()
         self._told = {}   # per holder: the position it was last read around at
-        self.tasks = queue.Queue()
+        self.tasks = _Tasks()
         self.conn, self._reply = multiprocessing.Pipe(duplex=False)
         self._send_lock = threading.Lock()
         self._tags = itertools.count()
@@ -89,28 +146,44 @@ class PeerFetcher:
 
     def _run(self, worker):
         name = f"peer-fetch-{worker}"
+        taken = None
         while True:
-            task = self.tasks.get()
+            task, since = taken or self.tasks.get()
+            taken = None
             if task is None:
                 return
             try:
-                for route, done, seconds in self._fetch(task):
+                fetch = self._fetch(task, since)
+                while True:
+                    try:
+                        route, done, seconds = next(fetch)
+                    except StopIteration as end:
+                        taken = end.value  # an earlier step's task, taken in exchange for this one's files to come
+                        break
                     self._send(Staged(task.task, name, done, seconds, task.epoch, route))
             except Exception as exc:  # the service fails the job with where and why
                 self._send(Failure.from_exception("prefetch", name, exc, task.epoch, task.step, None,
                                                   f"cannot stage files from node leader {task.owner}: "
                                                   f"{type(exc).__name__}: {exc}"))
 
-    def _fetch(self, task):
-        """Fetches a task's files; yields ``(route, done, seconds)`` per way they came (``peer``, ``source``)."""
-        start = time.perf_counter()
+    def _fetch(self, task, since):
+        """Fetches a task's files; yields ``(route, done, seconds)`` per way they came (``peer``, ``source``).
+
+        Args:
+            since: When the task was first taken (``time.monotonic``): the
+                patience with files to come counts from then.
+
+        Returns:
+            ``(task, since)`` of an earlier step's task taken in exchange for
+            this task's files still to come (queued again), or None.
+        """
         present = [(f[0], PRESENT) for f in task.files if already_published(self.root, f[1], f[2], f[3])]
         if present:
             yield "source", present, 0.0
         todo = [f for f in task.files if not already_published(self.root, f[1], f[2], f[3])]
         deadline = time.monotonic() + self.timeout_s
-        patience = time.monotonic() + min(self.timeout_s, PENDING_WAIT_S)
-        pause = 0.002
+        patience = since + min(self.timeout_s, PENDING_WAIT_S)
+        pause, taken = 0.002, None
         missing, late = [], []
         if task.owner in self.silent:  # it did not answer an earlier task: its late answers are never taken
             late, todo = todo, []
@@ -151,13 +224,16 @@ class PeerFetcher:
                         task.owner, todo[0][1], why, len(todo))
                     late += todo
                     break
-                time.sleep(pause)
+                taken = self.tasks.hand_over(replace(task, files=todo), since, pause)
+                if taken is not None:
+                    break
                 pause = min(2 * pause, 0.05)
         for route, files in (("source", missing), ("fallback", late)):
             if files:
                 start = time.perf_counter()
                 done = [(index, self._from_source(rel, size, mtime_ns)) for index, rel, size, mtime_ns in files]
                 yield route, done, time.perf_counter() - start
+        return taken
 
     def _still_for(self, owner, at):
         """Seconds holder ``owner`` has been at position ``at``, as its ``PENDING`` answers tell (0: it moved)."""
