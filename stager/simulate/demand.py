@@ -13,11 +13,13 @@ Only ``tracked`` nodes are replayed; the others are exchangeable with them
 (every node's share of a random permutation looks alike), so node ``n`` is
 simulated with the demand of tracked node ``n mod K``. With every node
 tracked, nothing is estimated and holders follow the engine's rule (the
-last node to read a file holds it). With fewer, files are held by their
-first-epoch readers (``FirstReaders``), and whether an untracked owner still
-holds a file is estimated from the tracked nodes: the share of its owned
-files they have dropped by then, taken from the highest indices down, as
-the clairvoyant policy's tie rule drops them.
+last node to read a file holds it). With fewer, the rule is the same, and
+whether an untracked holder still has a file is estimated from what the
+tracked holders had when asked, by how long before they had read the file
+(``_HeldShare``). Where the job's reads are too many to list, files are
+held by their first-epoch readers (``FirstReaders``), and an untracked owner
+is taken to have dropped the share of its files the tracked owners dropped,
+from the highest indices down, as the clairvoyant policy's tie rule does.
 """
 
 from dataclasses import dataclass
@@ -146,31 +148,64 @@ class _Holders:
 
 
 class _HeldShare:
-    """Whether an untracked node still holds a file it holds for the job (``LatestReaders``), estimated.
+    """Whether an untracked node still has a file it holds for the job (``LatestReaders``), estimated.
 
-    Nodes are exchangeable: the share of the files the tracked nodes hold
-    for the job that they have dropped by now stands for every node's, and a
-    fixed pseudo-random place per file says which files that share is.
+    Nodes are exchangeable, so the untracked holders keep what the tracked
+    ones keep. What a holder still has when asked depends on how long ago it
+    read the file: the clairvoyant policy keeps what the job reads again
+    soonest, so a file asked for two steps after its holder read it is
+    likelier there than one asked for an epoch after. So every ask of a
+    tracked holder (by a tracked node, or handed on to an untracked one) is
+    counted by that age (quarter octaves of steps), with whether the holder
+    had the file; the share at each age stands for every holder's, and a
+    fixed pseudo-random place per file says which files that share is. (One
+    share for all ages, from the files the tracked nodes hold, put 1,024
+    nodes at a quarter of their share below the job-wide optimum.)
+
+    Args:
+        rules: Per node, its ``LatestReaders``.
+        files: Files in the catalog.
     """
 
-    SAMPLE = 20_000  # files looked at per update
+    BINS = 4  # age bins per octave of steps
 
-    def __init__(self, rules, replays, files):
-        self.rules, self.replays = rules, replays
+    def __init__(self, rules, files):
+        self.rule = rules[0]
         self.place = (np.arange(files) * 0.6180339887498949) % 1.0
-        self.sample = np.arange(0, files, max(1, files // self.SAMPLE))
-        self.gone_share = 0.0
+        self.asks = np.zeros(1, dtype=np.int64)  # per age bin: asks of tracked holders
+        self.hits = np.zeros(1, dtype=np.int64)  # ... that found the file there
+        self.share = np.ones(1)
+
+    def _age_bin(self, file, holder, seq):
+        """The bin of the steps since ``holder`` read ``file`` before ``seq`` (0: it has not)."""
+        keys, nodes = self.rule.keys, self.rule.nodes
+        pos = int(np.searchsorted(keys, (file << 32) | (seq + 1))) - 1
+        while pos >= 0 and keys[pos] >> 32 == file and nodes[pos] != holder:
+            pos -= 1
+        if pos < 0 or keys[pos] >> 32 != file:
+            return 0
+        return int(np.log2(max(seq - int(keys[pos] & 0xFFFFFFFF), 0) + 1.0) * self.BINS)
+
+    def asked(self, file, holder, seq, held):
+        """Tracked ``holder`` was asked for ``file`` at step ``seq``; ``held``: it had it (or will)."""
+        b = self._age_bin(file, holder, seq)
+        if b >= len(self.asks):
+            grow = np.zeros(b + 1 - len(self.asks), dtype=np.int64)
+            self.asks, self.hits = np.concatenate([self.asks, grow]), np.concatenate([self.hits, grow])
+        self.asks[b] += 1
+        self.hits[b] += bool(held)
 
     def update(self):
-        kept = gone = 0
-        for node, replay in self.replays.items():
-            mine = self.sample[self.rules[node].kept(self.sample)]
-            kept += len(mine)
-            gone += int((replay.cache.state[mine] == ABSENT).sum())
-        self.gone_share = gone / kept if kept else 0.0
+        # An age no tracked holder was asked at yet takes the share of the nearest younger one that was.
+        share, last = np.ones(len(self.asks)), 1.0
+        for b, (n, h) in enumerate(zip(self.asks.tolist(), self.hits.tolist())):
+            last = share[b] = h / n if n else last
+        self.share = share
 
-    def held(self, files):
-        return self.place[files] < 1.0 - self.gone_share
+    def held(self, file, holder, seq):
+        """Whether untracked ``holder`` still has ``file`` for step ``seq``."""
+        b = self._age_bin(file, holder, seq)
+        return bool(self.place[file] < self.share[min(b, len(self.share) - 1)])
 
 
 def _rules(spec, files, nodes, ranks_per_node, to_files):
@@ -184,15 +219,23 @@ def _rules(spec, files, nodes, ranks_per_node, to_files):
     return [FirstReaders(owner, n) for n in range(nodes)], None
 
 
-def _hand_on(rules, listed, seq, tracked):
-    """Untracked nodes read their step ``seq``: tracked holders hand them what they hold for them."""
+def _hand_on(rules, listed, seq, tracked, replays, holders):
+    """Untracked nodes read their step ``seq``: tracked holders hand them what they hold for them.
+
+    Whether each holder still had the file is counted by ``holders``
+    (``_HeldShare``): the untracked holders' estimate.
+    """
     steps, node, read = listed
     lo, hi = np.searchsorted(steps, [seq, seq + 1])
     away = node[lo:hi] >= tracked
     files = read[lo:hi][away]
     holder = rules[0].holder(files, seq)
     for h in np.unique(holder[(holder >= 0) & (holder < tracked)]).tolist():
-        rules[h].served(files[holder == h], seq)
+        mine = files[holder == h]
+        cache = replays[h].cache
+        for f in mine.tolist():
+            holders.asked(f, h, seq, cache.state[f] != ABSENT or rules[h].to_come(f, cache, seq))
+        rules[h].served(mine, seq)
 
 
 def node_demand(sizes, spec, nodes, ranks_per_node, tracked=None, capacity=None, policy="auto", ahead=16,
@@ -222,13 +265,15 @@ def node_demand(sizes, spec, nodes, ranks_per_node, tracked=None, capacity=None,
     latest = rules is not None and isinstance(rules[0], LatestReaders)
     holders = None
     if rules is not None:
-        holders = _HeldShare(rules, replays, len(sizes)) if latest else _Holders(rules[0].owners, replays)
+        holders = _HeldShare(rules, len(sizes)) if latest else _Holders(rules[0].owners, replays)
+    by_age = latest and tracked < nodes
     rows = {n: [] for n in range(tracked)}
     epochs = []
     streams = {n: zip(*(spec.minibatches(r) for r in range(n * ranks_per_node, (n + 1) * ranks_per_node)))
                for n in range(tracked)}
     for seq, step in enumerate(zip(*streams.values())):
         epochs.append(step[0][0].epoch)
+        this_step = []
         for n, minibatches in zip(range(tracked), step):
             fetched, local = [], []
             for offset, mb in enumerate(minibatches):
@@ -236,7 +281,7 @@ def node_demand(sizes, spec, nodes, ranks_per_node, tracked=None, capacity=None,
                 fetched.append(missing)
                 local.append(np.setdiff1d(files, missing, assume_unique=True))
             fetched, local = np.concatenate(fetched), np.concatenate(local)
-            from_peer = np.zeros(len(fetched), dtype=bool)
+            from_peer, untracked = np.zeros(len(fetched), dtype=bool), []
             if rules is not None and len(fetched):
                 owner = rules[n].holder(fetched, seq, n)
                 elsewhere = (owner != NO_OWNER) & (owner != n)
@@ -245,17 +290,27 @@ def node_demand(sizes, spec, nodes, ranks_per_node, tracked=None, capacity=None,
                     if o in replays:
                         cache = replays[o].cache
                         from_peer[i] = cache.state[f] != ABSENT or rules[o].to_come(f, cache, seq)
+                        if by_age:
+                            holders.asked(f, o, seq, from_peer[i])
+                        if from_peer[i]:
+                            rules[o].served(f, seq)
+                    elif by_age:
+                        untracked.append((i, f, o))  # estimated once this step's asks of tracked holders are in
                     else:
                         from_peer[i] = holders.held(np.array([f]))[0]
-                    if from_peer[i]:
-                        rules[o].served(f, seq)
+            this_step.append((n, fetched, local, from_peer, untracked, len(minibatches[0].indices)))
+        if listed is not None and tracked < nodes:
+            _hand_on(rules, listed, seq, tracked, replays, holders)
+        if by_age:
+            holders.update()
+        elif holders is not None and tracked < nodes and seq % 8 == 0:
+            holders.update()
+        for n, fetched, local, from_peer, untracked, samples in this_step:
+            for i, f, o in untracked:
+                from_peer[i] = holders.held(f, o, seq)
             source, peer = fetched[~from_peer], fetched[from_peer]
             rows[n].append((len(source), sizes[source].sum(), len(peer), sizes[peer].sum(), len(local),
-                            sizes[local].sum(), len(minibatches[0].indices)))
-        if listed is not None and tracked < nodes:
-            _hand_on(rules, listed, seq, tracked)
-        if holders is not None and tracked < nodes and (not latest or seq % 8 == 0):
-            holders.update()
+                            sizes[local].sum(), samples))
     demand = []
     for n in range(tracked):
         cols = np.array(rows[n], dtype=np.int64).reshape(-1, 7).T
