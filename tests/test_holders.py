@@ -58,12 +58,18 @@ def test_a_holder_answers_pending_only_for_a_read_of_its_own_before_the_askers()
     rule.advance(1)
     assert rule.to_come(0, Cache, 5)          # its read at 3 lies ahead of its requests
     rule.advance(4)
+    assert rule.to_come(0, Cache, 5)          # its request for 3 came, and has not pinned the file yet
+    rule.asked(np.array([0]), 3)
     assert not rule.to_come(0, Cache, 5)      # asked at 3, not pinned nor being fetched: dropped
     Cache.pins[0] = 1
-    rule.asked(np.array([0]), 3)
     assert rule.to_come(0, Cache, 5)          # asked for its step 3 and waiting for room
     rule.asked(np.array([0]), 7)
     assert not rule.to_come(0, Cache, 5)      # pinned for a later step, which could wait on the asker
+    Cache.state[0] = 1                        # IN_FLIGHT
+    rule.fetching(np.array([0]), 7)
+    assert not rule.to_come(0, Cache, 5)      # being fetched for that later step
+    rule.fetching(np.array([0]), 3)
+    assert rule.to_come(0, Cache, 5)          # being fetched for its step 3, asked again for 7 meanwhile
 
 
 def test_first_readers_remain_where_the_job_cannot_be_listed():

@@ -154,8 +154,10 @@ class Cache:
             free = free[~self.holders.kept(free)]
         return free
 
-    def fetching(self, indices):
-        """Fetches of ``indices`` start."""
+    def fetching(self, indices, seq=None):
+        """Fetches of ``indices`` start (for the ranks' step ``seq``; None: again, for the same step)."""
+        if self.holders is not None and seq is not None:
+            self.holders.fetching(indices, seq)
         self.state[indices] = IN_FLIGHT
         self.in_flight_bytes += int(self.sizes[indices].sum())
 

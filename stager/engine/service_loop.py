@@ -217,7 +217,7 @@ class ServiceLoop:
     def fetch(self, request, missing):
         if not len(missing):
             return
-        self.cache.fetching(missing)
+        self.cache.fetching(missing, request.seq)
         if self.cache.used > self.peak:
             self.peak = self.cache.used
             self.s.telemetry.record(tm.USAGE, self.epoch, self.peak)

@@ -71,6 +71,7 @@ class LatestReaders(_Position):
         self._start()
         self.handed = np.full(count, -1, dtype=np.int64)  # per file, the latest step a node fetched it from here for
         self.asked_seq = np.full(count, -1, dtype=np.int64)  # per file, the latest step this node asked it for
+        self.fetch_seq = np.full(count, -1, dtype=np.int64)  # per file, the step its latest fetch here began for
 
     def for_node(self, me):
         """The same rule seen from node ``me`` (sharing the listed reads)."""
@@ -79,11 +80,16 @@ class LatestReaders(_Position):
         other._start()
         other.handed = np.full(len(self.handed), -1, dtype=np.int64)
         other.asked_seq = np.full(len(self.handed), -1, dtype=np.int64)
+        other.fetch_seq = np.full(len(self.handed), -1, dtype=np.int64)
         return other
 
     def asked(self, indices, seq):
         """This node's ranks asked for ``indices`` for their step ``seq``."""
         self.asked_seq[indices] = np.maximum(self.asked_seq[indices], seq)
+
+    def fetching(self, indices, seq):
+        """This node starts fetching ``indices`` for its ranks' step ``seq``."""
+        self.fetch_seq[indices] = seq
 
     def served(self, index, seq):
         """Another node fetched file ``index`` (or an array of them) from here for its step ``seq``.
@@ -176,12 +182,15 @@ class LatestReaders(_Position):
         """Whether a file this node does not have will be here for another node's step ``seq``.
 
         It will when this node reads it before ``seq`` and either has not
-        asked for that read yet, or has asked for it and not dropped it since
-        (its fetch is waiting for room, or under way). Whatever such a read
-        waits for lies earlier in the plan (a node admits its requests in
-        order), so waits between nodes never form a cycle. A fetch for a
-        later read of this node could itself wait on the requester: then
-        the requester reads the source instead.
+        asked for that read yet (or its request has come and not pinned it
+        yet: the service thread records the position first), or has asked
+        for it and not dropped it since (its fetch is waiting for room, or
+        under way for that read or an earlier one, however much later its
+        ranks have asked for it again: a container is read at many steps).
+        Whatever such a read waits for lies earlier in the plan (a node
+        admits its requests in order), so waits between nodes never form a
+        cycle. A fetch for a later read of this node could itself wait on
+        the requester: then the requester reads the source instead.
         """
         # Up to the asker's own step: at one step, the lowest-numbered reader is asked by the others.
         pos = int(np.searchsorted(self.keys, (index << _STEP_BITS) | (seq + 1))) - 1
@@ -192,7 +201,12 @@ class LatestReaders(_Position):
                 read = int(self.keys[pos - back] & ((1 << _STEP_BITS) - 1))
                 if read > self.low:
                     return True  # the rank that reads it may not have asked yet
-                waiting = cache is not None and (cache.state[index] == 1 or cache.pins[index] > 0)  # 1: IN_FLIGHT
+                in_flight = cache is not None and cache.state[index] == 1  # IN_FLIGHT
+                if in_flight and 0 <= self.fetch_seq[index] <= seq:
+                    return True  # fetched for that read or an earlier one
+                if not in_flight and self.asked_seq[index] < read:
+                    return True  # its request has come and not pinned it yet: it will fetch it for that read
+                waiting = in_flight or (cache is not None and cache.pins[index] > 0)
                 return bool(waiting and read <= self.asked_seq[index] <= seq)
         return False
 
@@ -215,6 +229,9 @@ class FirstReaders(_Position):
         pass
 
     def asked(self, indices, seq):
+        pass
+
+    def fetching(self, indices, seq):
         pass
 
     def holder(self, indices, seq, node=None):
