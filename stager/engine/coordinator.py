@@ -28,9 +28,12 @@ from . import batchfile
 from .messages import Claim, Claimed, Consumed, Decoded, Failure, Need, ReadTask, Ready, Release
 from .workerpool import RETIRED
 from .. import telemetry as tm
+from ..errors import StageError
 from ..telemetry import BatchTimes
 
 END = object()  # on the out queue: the plan is done, or the pipeline closes
+SERVICE_GONE = Failure("prefetch", "service", cause="ServiceGone",
+                       message="the node's staging service (on local rank 0) is gone")
 
 
 @dataclass
@@ -102,9 +105,32 @@ class Channels:
         self._claimed = False
 
     def send(self, msg):
-        """Sends ``msg`` to the node's service."""
+        """Sends ``msg`` to the node's service.
+
+        Raises:
+            StageError: The service hung up; why, if it said so before (see ``last_word``).
+        """
         with self.client_lock:
-            self.client.send(msg)
+            try:
+                self.client.send(msg)
+            except (OSError, EOFError):
+                raise self.last_word().to_error() from None
+
+    def last_word(self):
+        """The ``Failure`` the service sent before it hung up, still unread on its connection, else ``SERVICE_GONE``.
+
+        A rank that fails ends its node's service when it is the leader, and
+        the service's last message to the others says which rank failed and
+        why: that, not the broken pipe, is what they must report.
+        """
+        try:
+            while self.client.poll(0):
+                msg = self.client.recv()
+                if isinstance(msg, Failure):
+                    return msg
+        except (OSError, EOFError):
+            pass
+        return SERVICE_GONE
 
     def claim(self):
         """True for the first caller only: the one that runs the shutdown protocol (and then sets ``shut``).
@@ -153,6 +179,8 @@ class Coordinator:
         """Schedules until the plan is delivered, the pipeline halts or something fails."""
         try:
             self._loop()
+        except StageError as exc:  # already says where and why
+            self.ch.out.put(exc)
         except BaseException as exc:  # a bug here must reach the consumer, not hang it
             self.ch.out.put(Failure.from_exception("pipeline", "coordinator", exc,
                                                    message=f"coordinator failed: {type(exc).__name__}: {exc}")
@@ -185,8 +213,7 @@ class Coordinator:
                     try:
                         msg = ch.client.recv()
                     except (EOFError, OSError):
-                        msg = Failure("prefetch", "service", cause="ServiceGone",
-                                      message="the node's staging service (on local rank 0) is gone")
+                        msg = SERVICE_GONE
                 else:
                     msg = readers.receive(source)
                     if msg is RETIRED:

@@ -28,7 +28,7 @@ import secrets
 import threading
 
 from .autocounts import PREFETCH, PoolResizer
-from .messages import Failure
+from .messages import Fail, Failure
 from .service_loop import ServiceLoop
 from .stalls import Progress
 from .workerpool import Wake, WorkerPool
@@ -178,6 +178,7 @@ class StagingService(Doorway):
             loop.fail(Failure.from_exception("prefetch", "service", exc, message=f"the node's staging service "
                                                                                  f"failed: {type(exc).__name__}: {exc}"))
         finally:
+            _pass_on_failures(loop)
             for conn in loop.clients:
                 conn.close()
 
@@ -214,3 +215,20 @@ class StagingService(Doorway):
             self._listener = None
         self.wake.close()
         return stuck
+
+
+def _pass_on_failures(loop):
+    """Tells the node's ranks of a rank's failure that came as the service halted, before it hangs up on them.
+
+    A failing leader sends its ``Fail`` and then stops the service at once;
+    unread, the others would find only a closed connection and report that
+    instead of the cause.
+    """
+    for conn in list(loop.clients):
+        try:
+            while loop.failed is None and conn.poll(0):
+                msg = conn.recv()
+                if isinstance(msg, Fail):
+                    loop.on_client(conn, msg)
+        except (EOFError, OSError):
+            pass

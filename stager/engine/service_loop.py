@@ -126,9 +126,9 @@ class ServiceLoop:
                 if self.failed is not None:
                     self.send(conn, self.failed)
 
-    def on_client(self, conn):
+    def on_client(self, conn, msg=None):
         try:
-            msg = conn.recv()
+            msg = conn.recv() if msg is None else msg
         except (EOFError, OSError):
             msg = Bye()
         if isinstance(msg, Need):
