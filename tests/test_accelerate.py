@@ -13,7 +13,7 @@ from torch.utils.data import DistributedSampler
 
 from conftest import REPO
 from helpers.opens import Opens
-from helpers.stacks import run_job
+from helpers.stacks import free_port, run_job
 from test_torch_dropin import write_jpegs
 
 pytest.importorskip("accelerate", reason="Accelerate is not installed (extra 'stacks')")
@@ -33,8 +33,10 @@ def run(tmp_path, tag, *args, expect_kill=False):
     # the venv's MPICH provides mpirun.
     env = dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS="1", TMPDIR=str(tmp_path), PYTHONUNBUFFERED="1",
                PATH=os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")]))
+    # Its own rendezvous port: Accelerate's default, 29500, may be taken by another job on the host.
     command = [ACCELERATE, "launch", "--cpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision",
-               "no", "--dynamo_backend", "no", "--mpirun_hostfile", str(hosts), SCRIPT,
+               "no", "--dynamo_backend", "no", "--mpirun_hostfile", str(hosts), "--main_process_port", str(free_port()),
+               SCRIPT,
                str(tmp_path / "train"), str(out), tag, "--local", str(tmp_path / "local"), *args]
     return run_job(command, tmp_path, env, out, tag, expect_kill=expect_kill)
 

@@ -14,6 +14,7 @@ from collections import Counter
 import pytest
 
 from conftest import REPO
+from helpers.stacks import free_port
 from test_examples import jpeg_folder, torch_example
 from stager import plan
 from stager.catalog import Catalog
@@ -29,12 +30,6 @@ def torch_env(tmp_path):
     """This checkout and the failing loaders importable by every worker; temporary files under ``tmp_path``."""
     path = os.pathsep.join([REPO, os.path.join(REPO, "tests", "helpers")])
     return dict(os.environ, PYTHONPATH=path, TMPDIR=str(tmp_path), OMP_NUM_THREADS="1")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def agents(tmp_path, command, nodes=1, nproc=2, timeout=300, extra=(), env=None):

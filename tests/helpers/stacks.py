@@ -3,7 +3,17 @@
 import json
 import os
 import signal
+import socket
 import subprocess
+
+import pytest
+
+
+def free_port():
+    """A TCP port free on 127.0.0.1 now, for a launcher's rendezvous (a fixed one may be taken on a shared host)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def run_job(command, cwd, env, out, tag, ranks=2, expect_kill=False, timeout=300):
@@ -19,12 +29,16 @@ def run_job(command, cwd, env, out, tag, ranks=2, expect_kill=False, timeout=300
                             start_new_session=True)
     try:
         output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        output = None
     finally:
         try:
             os.killpg(proc.pid, signal.SIGKILL)  # whatever the run left (nothing, when it ended well)
         except ProcessLookupError:
             pass
-        proc.communicate()
+        late, _ = proc.communicate()  # after a timeout, all it printed: communicate loses nothing
+    if output is None:  # what it printed until then says where it stood
+        pytest.fail(f"{command[0]} did not end within {timeout} s; its output until then:\n{late}")
     if expect_kill:
         assert proc.returncode != 0, output
     else:
