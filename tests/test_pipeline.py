@@ -279,3 +279,39 @@ def test_a_kept_copy_of_a_changed_source_is_staged_again(tmp_path):
         stats = pipe.stats
     assert (stats.files_staged, stats.files_present) == (1, 3)
     assert batches[1].samples[0][0] == bytes(data)
+
+
+def _hung_up_service(*said):
+    """A rank's ``Channels`` whose service sent ``said`` and then closed its end."""
+    import multiprocessing
+
+    from stager.engine.coordinator import Channels
+
+    ours, theirs = multiprocessing.Pipe()
+    for msg in said:
+        theirs.send(msg)
+    theirs.close()
+    ch = Channels(wake=None)
+    ch.client = ours
+    return ch
+
+
+def test_a_rank_whose_service_hung_up_reports_the_failure_it_was_sent_last_not_the_broken_pipe():
+    from stager.engine.messages import Failure, Need, Ready
+
+    cause = Failure("pipeline", "node leader", cause="PeerFailed", message="rank 2 failed: RuntimeError: injected")
+    ch = _hung_up_service(Ready(0, 0.1), cause)
+    with pytest.raises(StageError, match="rank 2 failed: RuntimeError: injected") as info:
+        ch.send(Need(1, 0, 1, np.arange(4)))
+    assert info.value.cause == "PeerFailed"
+    ch.client.close()
+
+
+def test_a_rank_whose_service_hung_up_without_a_word_says_it_is_gone():
+    from stager.engine.messages import Need, Ready
+
+    ch = _hung_up_service(Ready(0, 0.1))
+    with pytest.raises(StageError, match="staging service .* is gone") as info:
+        ch.send(Need(1, 0, 1, np.arange(4)))
+    assert info.value.cause == "ServiceGone"
+    ch.client.close()
