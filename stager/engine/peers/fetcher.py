@@ -86,8 +86,7 @@ class _Tasks:
             self._idle += 1
             self._changed.wait_for(lambda: self._heap)
             self._idle -= 1
-            _, _, task, since = heapq.heappop(self._heap)
-            return task, time.monotonic() if since is None else since
+            return _taken(heapq.heappop(self._heap))
 
     def hand_over(self, task, since, timeout_s):
         """Waits up to ``timeout_s`` for an earlier step's task that no free thread will take.
@@ -100,8 +99,13 @@ class _Tasks:
             if not self._changed.wait_for(lambda: not self._idle and self._heap and self._heap[0][0] < task.seq,
                                           timeout_s):
                 return None
-            _, _, earlier, when = heapq.heappushpop(self._heap, (task.seq, next(self._order), task, since))
-            return earlier, time.monotonic() if when is None else when
+            return _taken(heapq.heappushpop(self._heap, (task.seq, next(self._order), task, since)))
+
+
+def _taken(entry):
+    """``(task, since)`` of a task leaving the queue; ``since`` is set the first time it is taken."""
+    _, _, task, since = entry
+    return task, time.monotonic() if since is None else since
 
 
 class PeerFetcher:
