@@ -63,7 +63,7 @@ class Cache:
         self.future = Future(to_files)
         self.policy = make_policy(policy)
         self.holders = None
-        self._spill = False  # while making room, whether kept files may go too
+        self._spill = False  # while making room, whether it is the kept files' turn
         self._tick = 0
 
     @property
@@ -139,19 +139,22 @@ class Cache:
         victims = list(self.policy.victims(self, need))
         freed = int(self.sizes[victims].sum()) if victims else 0
         if freed < need and self.holders is not None:
-            self._spill = True  # other nodes then read those files from the source
+            # Every copy not held for the job goes first, whatever its own next use: losing one
+            # costs a transfer from its holder, losing a kept file a read of the source.
+            self._spill = True
             try:
-                victims = list(self.policy.victims(self, need))
+                victims += list(self.policy.victims(self, need - freed))
             finally:
                 self._spill = False
             freed = int(self.sizes[victims].sum()) if victims else 0
         return victims if freed >= need else None
 
     def evictable(self):
-        """Unpinned staged files: those a policy may remove (kept ones only when nothing else can go)."""
+        """Unpinned staged files: those a policy may remove (kept ones only once the others have all gone)."""
         free = np.flatnonzero((self.state == STAGED) & (self.pins == 0))
-        if self.holders is not None and not self._spill and len(free):
-            free = free[~self.holders.kept(free)]
+        if self.holders is not None and len(free):
+            kept = self.holders.kept(free)
+            free = free[kept] if self._spill else free[~kept]
         return free
 
     def fetching(self, indices, seq=None):
