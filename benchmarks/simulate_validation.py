@@ -9,10 +9,13 @@ sharing the host's cores),
 and the node's costs from ``stager whatif --report RUN --save``: a probe
 refined by one run of its own (1 node, another seed); what a fetched file
 costs the whole machine (the prefetcher, the emulator's daemon, the kernel,
-the rank's threads) from that run and a second one that fetches more files
-(a bounded LRU cache): the difference of the host's busy CPU seconds over
-the difference of the files. Both runs are made before and apart from the
-runs compared with.
+the rank's threads) from that run and a second one that fetches nearly
+every file every epoch (an LRU cache with room for little more than the
+look-ahead window), both over 6 epochs: the difference of the host's busy
+CPU seconds over the difference of the files. The same pair at the most
+nodes compared gives what each other node on the host adds to a file
+(``node.shared_copy_ms``). The calibration runs are made before and apart
+from the runs compared with (another seed).
 
     .venv/bin/python benchmarks/simulate_validation.py --json docs/simulate-validation.json
 
@@ -38,6 +41,7 @@ from stager.plan import steps_per_epoch
 from stager.simulate import Layout, load_profile, simulate
 
 PROFILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs", "profiles", "emulated.yaml")
+CALIBRATION_EPOCHS = 6  # the two calibration runs' epochs
 COMBOS = [("unbounded", "auto", "off"), ("half", "clairvoyant", "off"), ("half", "lru", "off"),
           ("half", "clairvoyant", "partition")]
 
@@ -46,6 +50,34 @@ def half_capacity(catalog, nodes, opts):
     """Half a node's share of the dataset, plus the look-ahead window."""
     window = window_bytes(catalog.sizes, opts.batch_size, max(opts.lookahead, 2), 1)
     return int(catalog.sizes.sum()) // nodes // 2 + window
+
+
+def tight_capacity(catalog, opts):
+    """Room for the look-ahead window and one minibatch more: an LRU cache then fetches nearly every file every epoch."""
+    window = window_bytes(catalog.sizes, opts.batch_size, max(opts.lookahead, 2), 1)
+    return window + opts.batch_size * int(catalog.sizes.max())
+
+
+def machine_cost_per_file(cfg_path, catalog, opts, nodes, work):
+    """The host's busy CPU seconds a fetched file costs with ``nodes`` emulated nodes, and the two runs.
+
+    Two runs of the same samples over ``CALIBRATION_EPOCHS``, the second with
+    room for little more than the window, so they fetch thousands of files
+    more: the difference of the host's busy seconds over that of the files.
+    (The busy seconds of runs alike vary by a few tenths: from 1,942 files'
+    difference this gave 0.9 and 2.1 ms on two days.) Made with another seed
+    than the runs compared.
+    """
+    runs = {}
+    for name, extra in (("all", ["staging.capacity=unbounded"]),
+                        ("tight", [f"staging.capacity={tight_capacity(catalog, opts)}", "staging.cache_policy=lru"])):
+        before = cpu_ticks()
+        runs[name] = run_job(cfg_path, nodes, ["plan.seed=11", f"plan.epochs={CALIBRATION_EPOCHS}"] + extra, work)
+        after = cpu_ticks()
+        runs[name]["busy_cpu_s"] = (after[0] - before[0]) / os.sysconf("SC_CLK_TCK")
+        shutil.rmtree(os.path.join(work, "local"), ignore_errors=True)
+    fetched = {k: sum(e["files_from_source"] for e in r["cache"]) for k, r in runs.items()}
+    return (runs["tight"]["busy_cpu_s"] - runs["all"]["busy_cpu_s"]) / (fetched["tight"] - fetched["all"]), runs
 
 
 def measured_epochs(report, steps):
@@ -86,19 +118,12 @@ def main():
                                    "lookahead": opts.lookahead},
                        "reader": {"workers": opts.readers, "ahead": 2},
                        "run": {"compute_ms": opts.compute_ms}}, fh)
-        # The calibration: a probe refined by a run of its own (another seed), as `stager whatif --report`
-        # does; then what a fetched file costs the whole machine (prefetcher, emulator daemon, kernel, the
-        # rank's threads): two runs of the same samples that fetch different numbers of files, the
-        # difference of the host's busy CPU seconds over the difference of the files.
-        runs = {}
-        for name, extra in (("all", ["staging.capacity=unbounded"]),
-                            ("half", [f"staging.capacity={half_capacity(catalog, 1, opts)}",
-                                      "staging.cache_policy=lru"])):
-            before = cpu_ticks()
-            runs[name] = run_job(cfg_path, 1, ["plan.seed=11"] + extra, work)
-            after = cpu_ticks()
-            runs[name]["busy_cpu_s"] = (after[0] - before[0]) / os.sysconf("SC_CLK_TCK")
-            shutil.rmtree(os.path.join(work, "local"), ignore_errors=True)
+        # The calibration: what a fetched file costs the whole machine (prefetcher, emulator daemon,
+        # kernel, the rank's threads) at one node and at the most nodes compared, and a probe refined by
+        # the one-node run, as `stager whatif --report` does.
+        one, runs = machine_cost_per_file(cfg_path, catalog, opts, 1, work)
+        most = max(nodes_list)
+        shared = (machine_cost_per_file(cfg_path, catalog, opts, most, work)[0] - one) / (most - 1) if most > 1 else 0.0
         with open(os.path.join(work, "calibration-run.json"), "w") as fh:
             json.dump(runs["all"], fh)
         rates_path = os.path.join(work, "rates.json")
@@ -107,8 +132,6 @@ def main():
                         str(opts.prefetchers), "--readers", str(opts.readers)], check=True, capture_output=True,
                        env=dict(os.environ, TMPDIR=work))
         rates = load_rates(rates_path)
-        fetched = {k: sum(e["files_from_source"] for e in r["cache"]) for k, r in runs.items()}
-        per_file_s = (runs["half"]["busy_cpu_s"] - runs["all"]["busy_cpu_s"]) / (fetched["half"] - fetched["all"])
         cases = [(n, combo, latencies[0]) for n in nodes_list for combo in COMBOS]
         cases += [(n, COMBOS[0], ms) for n in nodes_list for ms in latencies[1:]]
         for nodes, (share, policy, peers), open_ms in cases:
@@ -119,7 +142,7 @@ def main():
             shutil.rmtree(os.path.join(work, "local"), ignore_errors=True)
             cfg = load_config(cfg_path, sets)
             profile = load_profile(PROFILE, [f"filesystem.open_ms={open_ms}"]).with_rates(rates)
-            profile = profile.set([f"costs.copy_ms={1e3 * per_file_s}"])
+            profile = profile.set([f"costs.copy_ms={1e3 * one}", f"node.shared_copy_ms={max(0.0, 1e3 * shared)}"])
             sim = simulate(cfg, profile, Layout(nodes), catalog.sizes)["methods"]["stager"]
             steps = steps_per_epoch(len(catalog), opts.batch_size, False, nodes)
             measured = measured_epochs(report, steps)
@@ -131,8 +154,8 @@ def main():
             print(json.dumps(row), file=sys.stderr)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    result = {"options": vars(opts), "calibration": rates.to_dict(), "machine_cpu_s_per_fetched_file": per_file_s,
-              "rows": rows}
+    result = {"options": vars(opts), "calibration": rates.to_dict(), "machine_cpu_s_per_fetched_file": one,
+              "more_per_other_node_s": shared, "rows": rows}
     if opts.json:
         with open(opts.json, "w") as fh:
             json.dump(result, fh, indent=1)

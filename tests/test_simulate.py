@@ -193,6 +193,27 @@ def test_stage_all_and_the_capacity_it_needs():
     assert small["methods"]["stage-all"] == {"fits": False}
 
 
+def test_nodes_sharing_a_host_make_each_fetched_file_cost_more_cpu():
+    """``node.shared_copy_ms``: on a shared host (emulated nodes), each other node adds CPU to every fetched
+    file; where the cores decide, the first epoch (every file fetched) takes that much longer."""
+    sizes = np.full(1200, 1000)
+    cfg = _cfg(capacity="unbounded", prefetchers=8)
+    base = ["filesystem.open_ms=0.01", "node.cores=2", "costs.read_ms=0", "costs.main_ms=0", "costs.compute_ms=0",
+            "costs.copy_ms=1"]
+
+    def first_epoch(nodes, *sets):
+        profile = load_profile(None, base + list(sets))
+        return simulate(cfg, profile, Layout(nodes), sizes)["methods"]["stager"]["epochs"][0]["seconds"]
+
+    shared = first_epoch(4, "node.shared_host=true")
+    assert first_epoch(4, "node.shared_host=true", "node.shared_copy_ms=0.5") == pytest.approx(2.5 * shared, rel=0.1)
+    # One node alone, or nodes with cores of their own, pay one node's cost.
+    assert first_epoch(1, "node.shared_host=true", "node.shared_copy_ms=0.5") == first_epoch(1, "node.shared_host=true")
+    assert first_epoch(4, "node.shared_copy_ms=0.5") == first_epoch(4)
+    with pytest.raises(ConfigError, match="shared_copy_ms"):
+        load_profile(None, ["node.shared_copy_ms=-1"])
+
+
 def test_profiles_refuse_unknown_keys_and_bad_values(tmp_path):
     bad = tmp_path / "p.yaml"
     bad.write_text("filesystem: {open_msec: 3}\n")

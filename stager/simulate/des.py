@@ -152,8 +152,8 @@ class Job:
         self.log = Log(demand.nodes * demand.ranks_per_node, demand.epochs)
         self.fs = SharedFS(env, profile.filesystem, self.log)
         c = profile.costs
-        self.copy_s, self.read_s, self.batch_s, self.main_s = c.copy_ms / 1e3, c.read_ms / 1e3, c.batch_ms / 1e3, \
-            c.main_ms / 1e3
+        self.copy_s = profile.node.copy_ms(c, demand.nodes) / 1e3
+        self.read_s, self.batch_s, self.main_s = c.read_ms / 1e3, c.batch_ms / 1e3, c.main_ms / 1e3
         host = _Cores(env, profile.node.cores) if profile.node.shared_host else None
         self.cores = [host or _Cores(env, profile.node.cores) for _ in range(demand.nodes)]
         self.disk_byte_s = 1.0 / (profile.node.local_mbps * 1e6) if profile.node.local_mbps else 0.0
