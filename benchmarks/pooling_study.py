@@ -15,6 +15,9 @@ step ``t`` and pins its files until it has read step ``t`` (a window of
   node drops that one instead). Not built in the engine: the node that drops
   a file would have to know the others' farthest files and tell the next
   reader where the file went.
+- ``in turn``: ``per-node``, but each node makes room as soon as it has
+  asked for a step, before the nodes after it have taken from it what they
+  read at that step.
 - ``optimum``: ``simulate.optimum.job_optimum``, the nodes' capacities
   pooled (the bound ``stager simulate`` reports).
 
@@ -46,8 +49,14 @@ def _next_reads(steps, files):
     return following
 
 
-def replay(steps, nodes, files, count, capacity, depth, forward):
-    """Source reads of ``per-node`` (``forward`` False) or ``forwarding`` with ``capacity`` files a node."""
+def replay(steps, nodes, files, count, capacity, depth, forward, in_turn=False):
+    """Source reads of ``per-node`` (``forward`` False) or ``forwarding`` with ``capacity`` files a node.
+
+    ``in_turn``: each node makes room as soon as it has asked for its step,
+    before the nodes after it take from it what they need at that step (as
+    the engine's nodes, each asking when it gets there); otherwise every
+    node's asks of a step come first.
+    """
     following = _next_reads(steps, files)
     bounds = np.searchsorted(steps, np.arange(int(steps.max()) + 2))
     n_nodes = int(nodes.max()) + 1
@@ -92,8 +101,12 @@ def replay(steps, nodes, files, count, capacity, depth, forward):
     for t in range(1 - depth, last):
         r = t + depth - 1
         if r < last:  # step r enters the windows
+            asked = None
             for i in range(bounds[r], bounds[r + 1]):
                 f, n = int(files[i]), int(nodes[i])
+                if in_turn and asked is not None and n != asked:
+                    make_room(asked)
+                asked = n
                 h = holder[f]
                 if h < 0:
                     reads += 1
@@ -133,22 +146,22 @@ def main():
     node_of_rank = np.arange(opts.nodes)
     print(f"{opts.files} files, batch {opts.batch}, {opts.nodes} nodes of one rank, {opts.epochs} epochs, "
           f"{capacity} files a node ({opts.share * opts.nodes:.2g}x the dataset together)\n")
-    print("| depth | seed | stager | per-node | forwarding | optimum | stager / optimum | per-node / optimum | "
-          "forwarding / optimum |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| depth | seed | stager | in turn | per-node | forwarding | optimum | stager / optimum | "
+          "per-node / optimum | forwarding / optimum |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for depth in (int(x) for x in opts.depths.split(",")):
         for seed in (int(x) for x in opts.seeds.split(",")):
             spec = PlanSpec.from_config(opts.files, PlanConfig(batch_size=opts.batch, epochs=opts.epochs, seed=seed),
                                         opts.nodes)
             steps, nodes, files, _ = job_reads(spec, node_of_rank, None, opts.files)
             per_node = replay(steps, nodes, files, opts.files, capacity, depth, False)
+            in_turn = replay(steps, nodes, files, opts.files, capacity, depth, False, True)
             forwarding = replay(steps, nodes, files, opts.files, capacity, depth, True)
             best = job_optimum(np.ones(opts.files), spec, node_of_rank, [capacity] * opts.nodes, depth)["files"]
             demand = node_demand(np.ones(opts.files), spec, opts.nodes, 1, None, capacity, "auto", depth, True)
             engine = sum(int(d.source_files.sum()) for d in demand.tracked)
-            print(f"| {depth} | {seed} | {engine / opts.files:.3f} | {per_node / opts.files:.3f} | "
-                  f"{forwarding / opts.files:.3f} | {best / opts.files:.3f} | {engine / best:.3f} | "
-                  f"{per_node / best:.3f} | {forwarding / best:.3f} |")
+            shares = " | ".join(f"{x / opts.files:.3f}" for x in (engine, in_turn, per_node, forwarding, best))
+            print(f"| {depth} | {seed} | {shares} | {engine / best:.3f} | {per_node / best:.3f} | {forwarding / best:.3f} |")
 
 
 if __name__ == "__main__":

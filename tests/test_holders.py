@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from stager.cache import AUTO_DEPTH, MIN_DEPTH, depth_note, fitting_depth
+from stager.cache import AUTO_DEPTH, MIN_DEPTH, STAGED, Cache, depth_note, fitting_depth
 from stager.config import PlanConfig, config_from_dict
 from stager.engine.peers import NO_OWNER, FirstReaders, LatestReaders, job_holders
 from stager.errors import ConfigError
@@ -70,6 +70,38 @@ def test_a_holder_answers_pending_only_for_a_read_of_its_own_before_the_askers()
     assert not rule.to_come(0, Cache, 5)      # being fetched for that later step
     rule.fetching(np.array([0]), 3)
     assert rule.to_come(0, Cache, 5)          # being fetched for its step 3, asked again for 7 meanwhile
+
+
+def test_a_node_short_of_room_drops_its_copies_of_files_others_hold_before_any_it_holds_for_the_job():
+    """Losing a copy of a file another node read last costs a transfer from that node; losing a file this
+    node holds for the job costs a read of the source. So copies go first, even one this node reads
+    again sooner than the files it holds."""
+    spec = PlanSpec.from_config(24, PlanConfig(batch_size=2, epochs=3, seed=3), 2)
+    steps, nodes, files, _ = job_reads(spec, np.array([0, 1]), None, 24)
+    rule = LatestReaders(steps, nodes, files, 0, 24)
+    cache = Cache(np.ones(24, dtype=np.int64), "clairvoyant", capacity=3)
+    cache.holders = rule
+    cache.add_plan(0, spec)
+    found = None
+    for now in range(int(steps.max())):  # node 0 at step `now`, node 1 has fetched from it all it read so far
+        cache.advance(0, now)
+        rule.served(files[(nodes == 1) & (steps <= now)], now)
+        mine = np.unique(files[(nodes == 0) & (steps <= now)])
+        kept, copies = mine[rule.kept(mine)], mine[~rule.kept(mine)]
+        if len(kept) < 2 or not len(copies):
+            continue
+        copy = copies[np.argmin(cache.next_use(copies))]
+        far = kept[np.argsort(-cache.next_use(kept), kind="stable")[:2]]
+        if cache.next_use(np.array([copy]))[0] < cache.next_use(far).min():
+            found = copy, far
+            break
+    assert found, "the plan gives no such moment"
+    copy, far = found
+    for index in (copy, *far):
+        cache.state[index] = STAGED
+    cache.staged_bytes = 3
+    # Room for 2: the copy (read again sooner than either kept file), then the kept file read latest.
+    assert sorted(cache.room_for(2)) == sorted([int(copy), int(far[0])])
 
 
 def test_first_readers_remain_where_the_job_cannot_be_listed():

@@ -112,7 +112,9 @@ def test_at_20_percent_a_node_the_source_reads_follow_the_simulator_and_stay_nea
     predicted, best = result["methods"]["stager"]["source_files"], result["optimum"]["files"]
     assert SAMPLES < best <= predicted and best <= real
     assert abs(real - predicted) <= 0.05 * predicted, (real, predicted, best)
-    # Real runs' nodes drift apart and hold more at once than the replay's, which advance in step: 1.075 to
-    # 1.102 of the optimum in seven runs on 2 busy cores (the issue's 5% is not met here, docs/benchmarks.md).
-    assert real <= 1.15 * best, (real, best)
+    # The policy replayed reads 1.047 of the optimum here (1.062 while a node's copies of files other nodes
+    # hold could outstay files it holds for the job); real runs' nodes drift apart and hold more at once
+    # than the replay's, which advance in step: 1.065 to 1.074 in three runs (the issue's 5% is not met
+    # here, docs/benchmarks.md).
+    assert predicted <= 1.06 * best, (predicted, best)
     assert_nothing_left(tmp_path, job)
