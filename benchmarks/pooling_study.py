@@ -37,16 +37,7 @@ import numpy as np
 from stager.config import PlanConfig
 from stager.plan import PlanSpec, job_reads
 from stager.simulate import node_demand
-from stager.simulate.optimum import job_optimum
-
-
-def _next_reads(steps, files):
-    """Per read, the step of the file's next read by any node (inf: none)."""
-    order = np.lexsort((steps, files))
-    following = np.full(len(steps), math.inf)
-    same = files[order[1:]] == files[order[:-1]]
-    following[order[:-1][same]] = steps[order[1:]][same]
-    return following
+from stager.simulate.optimum import job_optimum, next_reads
 
 
 def replay(steps, nodes, files, count, capacity, depth, forward, in_turn=False):
@@ -57,7 +48,7 @@ def replay(steps, nodes, files, count, capacity, depth, forward, in_turn=False):
     the engine's nodes, each asking when it gets there); otherwise every
     node's asks of a step come first.
     """
-    following = _next_reads(steps, files)
+    following = next_reads(steps, files)
     bounds = np.searchsorted(steps, np.arange(int(steps.max()) + 2))
     n_nodes = int(nodes.max()) + 1
     has = [dict() for _ in range(n_nodes)]   # per node: file -> step it is read next (inf while pinned)

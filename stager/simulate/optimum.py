@@ -26,6 +26,15 @@ import numpy as np
 from ..plan import job_reads
 
 
+def next_reads(steps, files):
+    """Per read of ``plan.job_reads``, the step of the same file's next read by any node (inf: none)."""
+    order = np.lexsort((steps, files))
+    following = np.full(len(steps), math.inf)
+    same = files[order[1:]] == files[order[:-1]]
+    following[order[:-1][same]] = steps[order[1:]][same]
+    return following
+
+
 def job_optimum(sizes, spec, node_of_rank, capacities, depth, to_files=None):
     """Source reads of the best policy for ``spec`` on nodes of ``capacities`` with ``depth``-minibatch windows.
 
@@ -50,11 +59,7 @@ def job_optimum(sizes, spec, node_of_rank, capacities, depth, to_files=None):
         np.add.at(per_epoch, epoch_of_step[steps[first]] - epoch_of_step.min(), 1)
         return {"files": int(len(first)), "bytes": int(sizes[files[first]].sum()), "per_epoch": per_epoch.tolist()}
     capacity = int(sum(capacities))
-    # The step of each read's next read of the same file by any node (inf: none).
-    order = np.lexsort((steps, files))
-    following = np.full(len(steps), math.inf)
-    same = files[order[1:]] == files[order[:-1]]
-    following[order[:-1][same]] = steps[order[1:]][same]
+    following = next_reads(steps, files)
     bounds = np.searchsorted(steps, np.arange(int(steps.max()) + 2 if len(steps) else 1))
     held = np.zeros(len(sizes), dtype=bool)
     windows = {}                        # (node, file) -> minibatches of the window that need it
