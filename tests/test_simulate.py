@@ -10,10 +10,11 @@ import pytest
 from conftest import make_job_data
 from stager.cache import window_bytes
 from stager.catalog import load_catalog
-from stager.config import config_from_dict, load_config
+from stager.config import PlanConfig, config_from_dict, load_config
 from stager.errors import ConfigError
 from stager.simulate import Layout, load_profile, node_demand, profile_from_dict, simulate
 from stager.plan import PlanSpec
+from stager.simulate.optimum import job_optimum
 from test_mpi_run import MPIEXEC, assert_nothing_left, mpirun
 
 SAMPLES, EPOCHS, BATCH, AHEAD = 300, 3, 6, 4
@@ -144,6 +145,23 @@ def test_tracked_nodes_stand_for_the_others_where_holders_drop_most_of_what_they
     assert some["methods"]["stager"]["source_files"] == pytest.approx(full["methods"]["stager"]["source_files"],
                                                                      rel=0.05)
     assert some["methods"]["stager"]["source_files"] >= best
+
+
+def test_tracked_nodes_stand_for_the_others_in_every_epoch_of_many_steps():
+    """32 steps an epoch at a quarter of each node's share: replaying 4 of 32 nodes gives each epoch's source
+    reads within 5% of replaying all 32. (Counting the tracked holders' asks over the whole run, the second
+    epoch's estimate was 17% low, below the job-wide optimum: early in an epoch a holder still has most of
+    what it read late in the last.)"""
+    nodes, ranks, batch, steps = 32, 2, 8, 32
+    files = nodes * ranks * batch * steps
+    spec = PlanSpec.from_config(files, PlanConfig(batch_size=batch, epochs=3, seed=1), nodes * ranks)
+    sizes = np.ones(files, dtype=np.int64)
+    capacity = files // nodes // 4
+    full = node_demand(sizes, spec, nodes, ranks, None, capacity, "auto", 2, True).totals("source_files")
+    some = node_demand(sizes, spec, nodes, ranks, 4, capacity, "auto", 2, True).totals("source_files")
+    best = job_optimum(sizes, spec, np.repeat(np.arange(nodes), ranks), [capacity] * nodes, 2)
+    assert some.tolist() == pytest.approx(full.tolist(), rel=0.05)
+    assert some.sum() >= best["files"] and full.sum() >= best["files"]
 
 
 def test_owners_at_scale_agree_with_the_engines():
