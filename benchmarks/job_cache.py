@@ -15,6 +15,7 @@ files of 110 KB, batch 8, 8 nodes replayed file by file), the same capacities.
 
     .venv/bin/python benchmarks/job_cache.py --json docs/job-cache.json
     .venv/bin/python benchmarks/job_cache.py --nodes 4 --aggregates 0.5 1.0 --depths auto --no-scale
+    .venv/bin/python benchmarks/job_cache.py --no-real --scale-files 1048576 --aggregates 0.25 0.5 1.0
 
 Prints a Markdown section for docs/benchmarks.md.
 """
@@ -142,18 +143,22 @@ def main():
     ap.add_argument("--depths", nargs="+", default=list(DEPTHS), type=lambda v: v if v == "auto" else int(v),
                     help="staging.lookahead values (auto or a number)")
     ap.add_argument("--no-scale", action="store_true", help="leave out the 1,024-node simulation")
+    ap.add_argument("--no-real", action="store_true", help="leave out the real runs")
     opts = ap.parse_args()
-    work = tempfile.mkdtemp(prefix="stager-job-cache-")
-    try:
-        real, total = real_rows(opts, work)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    real, total = [], None
+    if not opts.no_real:
+        work = tempfile.mkdtemp(prefix="stager-job-cache-")
+        try:
+            real, total = real_rows(opts, work)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
     scale = [] if opts.no_scale else scale_rows(opts)
     if opts.json:
         with open(opts.json, "w") as fh:
             json.dump({"options": vars(opts), "dataset_bytes": total, "real": real, "scale": scale}, fh, indent=1)
             fh.write("\n")
-    print(table(real, opts.samples))
+    if real:
+        print(table(real, opts.samples))
     if scale:
         print()
         print(table(scale, opts.scale_files))
