@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import signal
+import sys
 
 import torch
 from accelerate import Accelerator
@@ -51,7 +52,10 @@ def main():
     set_seed(SEED)
     ds = Indexed(args.root, transform=T.Compose([T.Resize(8), T.CenterCrop(8), T.ToTensor()]))
     if args.loader == "dataloader":
-        loader = DataLoader(ds, batch_size=BATCH, shuffle=True, num_workers=1)
+        # No worker processes: Python 3.11.7's fork can deadlock the child (CPython gh-112275) when a thread
+        # of the parent (gloo's, freeing a Python object) holds the interpreter's thread list, and DataLoader
+        # forks its workers anew each epoch. Workers do not change Accelerate's sharding, which is compared.
+        loader = DataLoader(ds, batch_size=BATCH, shuffle=True, num_workers=0)
     else:
         loader = StagedLoader(ds, batch_size=BATCH, shuffle=True, num_workers=1,
                               config={"staging": {"local_dir": args.local, "prefetchers": 2}})
@@ -91,6 +95,11 @@ def main():
     if hasattr(loader, "close"):
         loader.close()
     accelerator.end_training()
+    record.close()
+    # Not the interpreter's teardown: freeing the DDP model there joins gloo's threads while holding the GIL,
+    # and one of them may still need it to free the last barrier's work (a deadlock in torch).
+    sys.stdout.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,8 @@ import subprocess
 
 import pytest
 
+from stager.bench.cpu import descendants
+
 
 def free_port():
     """A TCP port free on 127.0.0.1 now, for a launcher's rendezvous (a fixed one may be taken on a shared host)."""
@@ -32,10 +34,17 @@ def run_job(command, cwd, env, out, tag, ranks=2, expect_kill=False, timeout=300
     except subprocess.TimeoutExpired:
         output = None
     finally:
+        # MPICH's proxy starts the ranks in sessions of their own: the launcher's group alone would leave them.
+        left = descendants(proc.pid)
         try:
             os.killpg(proc.pid, signal.SIGKILL)  # whatever the run left (nothing, when it ended well)
         except ProcessLookupError:
             pass
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         late, _ = proc.communicate()  # after a timeout, all it printed: communicate loses nothing
     if output is None:  # what it printed until then says where it stood
         pytest.fail(f"{command[0]} did not end within {timeout} s; its output until then:\n{late}")
