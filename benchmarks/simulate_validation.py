@@ -14,8 +14,10 @@ every file every epoch (an LRU cache with room for little more than the
 look-ahead window), both over 6 epochs: the difference of the host's busy
 CPU seconds over the difference of the files. The same pair at the most
 nodes compared gives what each other node on the host adds to a file
-(``node.shared_copy_ms``). The calibration runs are made before and apart
-from the runs compared with (another seed).
+(``node.shared_copy_ms``), and the processes' start (``node.startup_s``)
+is the slowest rank's time to its first request in the first run of each
+pair, in between by the node count. The calibration runs are made before
+and apart from the runs compared with (another seed).
 
     .venv/bin/python benchmarks/simulate_validation.py --json docs/simulate-validation.json
 
@@ -80,6 +82,11 @@ def machine_cost_per_file(cfg_path, catalog, opts, nodes, work):
     return (runs["tight"]["busy_cpu_s"] - runs["all"]["busy_cpu_s"]) / (fetched["tight"] - fetched["all"]), runs
 
 
+def startup_s(report):
+    """The run's start: the seconds before its slowest rank first asked for a minibatch."""
+    return max(rank["startup_s"] for rank in report["per_rank"])
+
+
 def measured_epochs(report, steps):
     """Per epoch, the slowest rank's time from the previous epoch's end to its own (from the per-step series)."""
     out = []
@@ -123,7 +130,10 @@ def main():
         # the one-node run, as `stager whatif --report` does.
         one, runs = machine_cost_per_file(cfg_path, catalog, opts, 1, work)
         most = max(nodes_list)
-        shared = (machine_cost_per_file(cfg_path, catalog, opts, most, work)[0] - one) / (most - 1) if most > 1 else 0.0
+        more, most_runs = machine_cost_per_file(cfg_path, catalog, opts, most, work) if most > 1 else (one, runs)
+        shared = (more - one) / (most - 1) if most > 1 else 0.0
+        # The processes' start, at one node and at the most (emulated nodes start on the same cores).
+        starts = (startup_s(runs["all"]), startup_s(most_runs["all"]))
         with open(os.path.join(work, "calibration-run.json"), "w") as fh:
             json.dump(runs["all"], fh)
         rates_path = os.path.join(work, "rates.json")
@@ -142,12 +152,16 @@ def main():
             shutil.rmtree(os.path.join(work, "local"), ignore_errors=True)
             cfg = load_config(cfg_path, sets)
             profile = load_profile(PROFILE, [f"filesystem.open_ms={open_ms}"]).with_rates(rates)
-            profile = profile.set([f"costs.copy_ms={1e3 * one}", f"node.shared_copy_ms={max(0.0, 1e3 * shared)}"])
+            start = starts[0] + (starts[1] - starts[0]) * (nodes - 1) / max(1, most - 1)
+            profile = profile.set([f"costs.copy_ms={1e3 * one}", f"node.shared_copy_ms={max(0.0, 1e3 * shared)}",
+                                   f"node.startup_s={start}"])
             sim = simulate(cfg, profile, Layout(nodes), catalog.sizes)["methods"]["stager"]
+            unstarted = simulate(cfg, profile.set(["node.startup_s=0"]), Layout(nodes), catalog.sizes)["methods"]["stager"]
             steps = steps_per_epoch(len(catalog), opts.batch_size, False, nodes)
             measured = measured_epochs(report, steps)
             row = {"nodes": nodes, "capacity": share, "policy": policy, "peers": peers, "open_ms": open_ms,
                    "measured_s": measured, "predicted_s": [e["seconds"] for e in sim["epochs"]],
+                   "predicted_first_without_start_s": unstarted["epochs"][0]["seconds"],
                    "measured_source": [e["files_from_source"] for e in report["cache"]],
                    "predicted_source": [e["source_files"] for e in sim["epochs"]]}
             rows.append(row)
@@ -155,7 +169,7 @@ def main():
     finally:
         shutil.rmtree(work, ignore_errors=True)
     result = {"options": vars(opts), "calibration": rates.to_dict(), "machine_cpu_s_per_fetched_file": one,
-              "more_per_other_node_s": shared, "rows": rows}
+              "more_per_other_node_s": shared, "startup_s": {"1": starts[0], str(most): starts[1]}, "rows": rows}
     if opts.json:
         with open(opts.json, "w") as fh:
             json.dump(result, fh, indent=1)
@@ -168,7 +182,9 @@ def markdown(result, args):
              f"{opts['samples']} files of {opts['bytes']} bytes, {opts['epochs']} epochs, batch {opts['batch_size']}, "
              f"{opts['prefetchers']} prefetchers and {opts['readers']} reader a node, look-ahead {opts['lookahead']}, "
              f"{opts['compute_ms']:g} ms compute a step; \"half\" is half the node's share of the dataset plus the "
-             "look-ahead window.", "",
+             "look-ahead window. The processes' start, from the calibration runs: "
+             + ", ".join(f"{s:.2f} s at {n} node{'s' if n != '1' else ''}" for n, s in result["startup_s"].items())
+             + ".", "",
              "| nodes | capacity | policy | peers | open ms | epoch s measured | epoch s predicted | error | "
              "files from source measured | predicted |", "|---|---|---|---|---|---|---|---|---|---|"]
     errors = []
@@ -182,8 +198,13 @@ def markdown(result, args):
                      f"{' / '.join(map(str, r['predicted_source']))} |")
     exact = sum(r["measured_source"] == r["predicted_source"] for r in rows)
     within = sum(abs(e) <= 0.15 for e in errors)
+    firsts = [r["predicted_s"][0] / r["measured_s"][0] - 1 for r in rows]
+    unstarted = [r["predicted_first_without_start_s"] / r["measured_s"][0] - 1 for r in rows]
     lines.append(f"\nEpoch times within 15%: {within} of {len(errors)}; largest error {max(map(abs, errors)):.0%}. "
-                 f"Source reads equal in {exact} of {len(rows)} settings.")
+                 f"Source reads equal in {exact} of {len(rows)} settings. First epochs within 5%: "
+                 f"{sum(abs(e) <= 0.05 for e in firsts)} of {len(rows)}, mean error {sum(firsts) / len(rows):+.1%}; "
+                 f"the same simulation without the processes' start: {sum(abs(e) <= 0.05 for e in unstarted)} of "
+                 f"{len(rows)}, mean error {sum(unstarted) / len(rows):+.1%}.")
     return "\n".join(lines)
 
 

@@ -3,11 +3,12 @@
 import json
 import os
 import resource
+import subprocess
 
 import numpy as np
 import pytest
 
-from conftest import make_job_data
+from conftest import make_job_data, stager_cmd
 from stager.cache import window_bytes
 from stager.catalog import load_catalog
 from stager.config import PlanConfig, config_from_dict, load_config
@@ -230,6 +231,51 @@ def test_nodes_sharing_a_host_make_each_fetched_file_cost_more_cpu():
     assert first_epoch(4, "node.shared_copy_ms=0.5") == first_epoch(4)
     with pytest.raises(ConfigError, match="shared_copy_ms"):
         load_profile(None, ["node.shared_copy_ms=-1"])
+
+
+def test_the_processes_start_delays_the_first_epoch_of_the_methods_that_start_stages():
+    """``node.startup_s``: stager's stages begin that far into the job; the first epoch counts it, the rest
+    of the run is the same, and ``direct`` reading (no stages) does not wait for it."""
+    sizes = np.full(600, 20_000)
+    methods = ["stager", "stage-all", "direct"]
+
+    def run(*sets):
+        out = simulate(_cfg(capacity="unbounded"), load_profile(None, list(sets)), Layout(2), sizes, methods=methods)
+        return {m: [e["seconds"] for e in out["methods"][m]["epochs"]] for m in methods}
+
+    without, late = run(), run("node.startup_s=0.75")
+    for method in ("stager", "stage-all"):
+        assert late[method][0] == pytest.approx(without[method][0] + 0.75, abs=1e-9)
+        assert late[method][1:] == pytest.approx(without[method][1:], abs=1e-9)
+    assert late["direct"] == without["direct"]
+    with pytest.raises(ConfigError, match="startup_s"):
+        load_profile(None, ["node.startup_s=-1"])
+
+
+def test_a_runs_report_calibrates_the_processes_start(tmp_path):
+    """``stager whatif --report RUN --save`` keeps the run's start (its slowest rank's time to the first
+    request), and ``stager simulate --calibration`` counts it in the first epoch."""
+    from stager.cli import main
+
+    job = _job(tmp_path)
+    report = tmp_path / "r.json"
+    proc = subprocess.run(stager_cmd("run", job, "--report", str(report), "--quiet"), capture_output=True,
+                          text=True, env=dict(os.environ, TMPDIR=str(tmp_path)))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    started = max(rank["startup_s"] for rank in json.loads(report.read_text())["per_rank"])
+    assert started > 0
+    cal = tmp_path / "cal.json"
+    subprocess.run(stager_cmd("whatif", job, "--report", str(report), "--save", str(cal)), check=True,
+                   capture_output=True, env=dict(os.environ, TMPDIR=str(tmp_path)))
+    assert json.loads(cal.read_text())["startup_s"] == started
+    firsts = []
+    for extra in ([], ["--calibration", str(cal)]):
+        out = tmp_path / f"s{len(extra)}.json"
+        assert main(["simulate", job, "--json", str(out), *extra]) == 0
+        result = json.loads(out.read_text())
+        firsts.append(result["methods"]["stager"]["epochs"][0]["seconds"])
+        assert result["profile"]["node"]["startup_s"] == (started if extra else 0.0)
+    assert firsts[1] >= started
 
 
 def test_profiles_refuse_unknown_keys_and_bad_values(tmp_path):

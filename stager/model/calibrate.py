@@ -59,7 +59,8 @@ def from_summary(summary, base):
     Args:
         summary: ``Stats.summary()`` or ``stager run --report``'s JSON (with
             ``files_staged``, ``prefetch_busy_s``, ``samples``, ``read_busy_s``,
-            ``batches``, ``compute_s``; ``config`` for the batch size).
+            ``batches``, ``compute_s``; ``config`` for the batch size;
+            ``per_rank`` for the start).
         base: A ``Rates`` with the source's latency and bandwidth (a probe).
 
     Returns:
@@ -78,6 +79,9 @@ def from_summary(summary, base):
         changes["compute_s"] = summary["compute_s"] / summary["batches"]
     if summary.get("main_cpu_s") and summary.get("samples"):
         changes["main_s"] = summary["main_cpu_s"] / summary["samples"]
+    starts = [r["startup_s"] for r in summary.get("per_rank") or () if "startup_s" in r]
+    if starts:
+        changes["startup_s"] = max(starts)
     batch = (summary.get("config") or {}).get("plan", {}).get("batch_size")
     if batch:
         changes["batch_size"] = int(batch)

@@ -21,7 +21,9 @@ node's link. A reader reads its step from local storage (one queue a node,
 at ``node.local_mbps``). Every CPU burst holds one of the node's cores (of
 the host's, for emulated nodes).
 
-An open's latency is the profile's at the simulated time it starts
+The stages begin ``node.startup_s`` into the job (the processes' start;
+the first epoch counts it), except ``direct`` reading. An open's latency
+is the profile's at the simulated time it starts
 (``filesystem.open_ms_changes``). With ``staging.prefetchers: auto`` each
 node's pool is resized by the engine's own tuner, fed in simulated time.
 """
@@ -156,6 +158,7 @@ class Job:
         self.read_s, self.batch_s, self.main_s = c.read_ms / 1e3, c.batch_ms / 1e3, c.main_ms / 1e3
         host = _Cores(env, profile.node.cores) if profile.node.shared_host else None
         self.cores = [host or _Cores(env, profile.node.cores) for _ in range(demand.nodes)]
+        self.startup_s = profile.node.startup_s
         self.disk_byte_s = 1.0 / (profile.node.local_mbps * 1e6) if profile.node.local_mbps else 0.0
         self.disks = [simpy.Resource(env, 1) for _ in range(demand.nodes)]
         net = profile.network
@@ -176,6 +179,8 @@ class Job:
             The ``Log`` of what happened.
         """
         rpn = self.demand.ranks_per_node
+        # stager's stages start before the first request; DataLoader's workers are not modelled.
+        start = self.startup_s if mode != "direct" else 0.0
         for node in range(self.demand.nodes):
             link = simpy.Resource(self.env, 1)
             ready = None
@@ -183,13 +188,19 @@ class Job:
                 ready = [self.env.event() for _ in range(self.steps)]
                 body = self._service(node, link, ready) if mode == "staged" else self._stage_all(node, link, ready,
                                                                                                   *dataset)
-                self.env.process(body)
+                self.env.process(self._started(start, body))
             for rank in range(node * rpn, (node + 1) * rpn):
                 decoded = [self.env.event() for _ in range(self.steps)]
-                self.env.process(self._dispatch(node, rank, link, ready, decoded))
-                self.env.process(self._rank(node, rank, decoded))
+                self.env.process(self._started(start, self._dispatch(node, rank, link, ready, decoded)))
+                self.env.process(self._started(start, self._rank(node, rank, decoded)))
         self.env.run()
         return self.log
+
+    def _started(self, start, body):
+        """``body`` once the job has started (``start`` seconds in)."""
+        if start:
+            yield self.env.timeout(start)
+        yield self.env.process(body)
 
     def _after(self, ranks, step):
         """An event once every rank of ``ranks`` has consumed ``step`` (immediately for a step before 0)."""

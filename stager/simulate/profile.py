@@ -89,6 +89,9 @@ class NodeProfile:
             more for each other node on the host (``costs.copy_ms`` is one
             node's): nodes that share cores slow each other's work (measured
             here: 0.44, 0.69 and 1.04 ms a file at 1, 2 and 4 nodes).
+        startup_s: Seconds from the job's start to its first request (the
+            stages forked, the catalog agreed), in the first epoch of the
+            methods that start stager's stages (not ``direct``).
     """
 
     cores: float = 16.0
@@ -96,11 +99,12 @@ class NodeProfile:
     local_gb: float = 1000.0
     local_mbps: float = 0.0
     shared_copy_ms: float = 0.0
+    startup_s: float = 0.0
 
     def __post_init__(self):
         _check(self.cores > 0 and self.local_gb > 0, "node.cores and node.local_gb must be above 0")
-        _check(self.local_mbps >= 0 and self.shared_copy_ms >= 0,
-               "node.local_mbps and node.shared_copy_ms must be 0 or more")
+        _check(self.local_mbps >= 0 and self.shared_copy_ms >= 0 and self.startup_s >= 0,
+               "node.local_mbps, node.shared_copy_ms and node.startup_s must be 0 or more")
 
     def copy_ms(self, costs, nodes):
         """The CPU a fetched file costs a prefetcher when ``nodes`` nodes run (``costs.copy_ms`` at one)."""
@@ -166,14 +170,16 @@ class Profile:
         cold, in one process) and the prefetchers' time per file beyond the
         latency (``copy_s``, from a run's report with ``--report``: a wall
         time). The smaller is taken: each counts more than the prefetcher's
-        own work, in a different way.
+        own work, in a different way. A run's start (``rates.startup_s``)
+        replaces the profile's when measured.
         """
         copy_s = rates.copy_s
         if rates.cpu_s:
             copy_s = min(copy_s, max(0.0, rates.cpu_s - rates.read_s))
         costs = replace(self.costs, copy_ms=1e3 * copy_s, read_ms=1e3 * rates.read_s,
                         batch_ms=1e3 * rates.batch_s, main_ms=1e3 * rates.main_s)
-        return replace(self, costs=costs, node=replace(self.node, cores=rates.cores))
+        return replace(self, costs=costs, node=replace(self.node, cores=rates.cores,
+                                                       startup_s=rates.startup_s or self.node.startup_s))
 
     def set(self, pairs):
         """This profile with ``section.key=value`` overrides (values in YAML syntax)."""

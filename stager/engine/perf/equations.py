@@ -64,6 +64,9 @@ class Rates:
         memory: Bytes of memory available for workers (0: not known).
         cpu_s: The probe process's CPU seconds per file (fetched, decoded,
             system calls included); 0: not measured.
+        startup_s: A run's start: the seconds before its slowest rank first
+            asked for a minibatch (the stages forked, the catalog agreed);
+            0: not measured.
     """
 
     open_s: float
@@ -78,6 +81,7 @@ class Rates:
     cores: float = 1.0
     memory: float = 0.0
     cpu_s: float = 0.0
+    startup_s: float = 0.0
 
     def to_dict(self):
         return asdict(self)
