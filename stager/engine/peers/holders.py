@@ -68,6 +68,10 @@ class LatestReaders(_Position):
         self.keys = (files[order].astype(np.int64) << _STEP_BITS) | steps[order]
         self.nodes = nodes[order].astype(np.int32)
         self.me = me
+        self._begin(count)
+
+    def _begin(self, count):
+        """A node that has asked for nothing yet, of a catalog of ``count`` files."""
         self._start()
         self.handed = np.full(count, -1, dtype=np.int64)  # per file, the latest step a node fetched it from here for
         self.asked_seq = np.full(count, -1, dtype=np.int64)  # per file, the latest step this node asked it for
@@ -77,10 +81,7 @@ class LatestReaders(_Position):
         """The same rule seen from node ``me`` (sharing the listed reads)."""
         other = object.__new__(LatestReaders)
         other.keys, other.nodes, other.me = self.keys, self.nodes, me
-        other._start()
-        other.handed = np.full(len(self.handed), -1, dtype=np.int64)
-        other.asked_seq = np.full(len(self.handed), -1, dtype=np.int64)
-        other.fetch_seq = np.full(len(self.handed), -1, dtype=np.int64)
+        other._begin(len(self.handed))
         return other
 
     def asked(self, indices, seq):
