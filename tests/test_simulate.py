@@ -267,15 +267,18 @@ def test_a_runs_report_calibrates_the_processes_start(tmp_path):
     cal = tmp_path / "cal.json"
     subprocess.run(stager_cmd("whatif", job, "--report", str(report), "--save", str(cal)), check=True,
                    capture_output=True, env=dict(os.environ, TMPDIR=str(tmp_path)))
-    assert json.loads(cal.read_text())["startup_s"] == started
+    saved = json.loads(cal.read_text())
+    assert saved["startup_s"] == started
+    unstarted = tmp_path / "cal0.json"  # the same costs, no start measured
+    unstarted.write_text(json.dumps(dict(saved, startup_s=0.0)))
     firsts = []
-    for extra in ([], ["--calibration", str(cal)]):
-        out = tmp_path / f"s{len(extra)}.json"
-        assert main(["simulate", job, "--json", str(out), *extra]) == 0
+    for rates in (unstarted, cal):
+        out = tmp_path / f"{rates.stem}.sim.json"
+        assert main(["simulate", job, "--json", str(out), "--calibration", str(rates)]) == 0
         result = json.loads(out.read_text())
         firsts.append(result["methods"]["stager"]["epochs"][0]["seconds"])
-        assert result["profile"]["node"]["startup_s"] == (started if extra else 0.0)
-    assert firsts[1] >= started
+    assert result["profile"]["node"]["startup_s"] == started
+    assert firsts[1] == pytest.approx(firsts[0] + started, abs=1e-9)
 
 
 def test_profiles_refuse_unknown_keys_and_bad_values(tmp_path):
