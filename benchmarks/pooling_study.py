@@ -16,6 +16,12 @@ short of room drops its unpinned file that any node reads latest. Rules:
   another node that has room at that moment. Not built in the engine: the
   node that drops a file would have to know which node has room and tell
   the next reader where the file went.
+- ``hard, swap``: the same hard bound, and a node that must drop a file to
+  take one from its holder gives the holder its dropped file in exchange:
+  it takes the place of the one handed on, so neither node ever holds more
+  than its capacity. The holder is the one node sure to have that room.
+  Not built in the engine: the dropped file's next reader asks the node
+  that read it last, which would have to tell it where the file went.
 - ``per-node``: every node's asks of a step come before any node makes room:
   within a step a node may hold more than its capacity.
 - ``forwarding``: ``per-node``, and a file a node must drop goes to a node
@@ -31,7 +37,8 @@ same plan (``simulate.node_demand``, what ``stager simulate`` reports).
     .venv/bin/python benchmarks/pooling_study.py --files 1024 4096 16384 --batch 16 --share 0.25 --depths 2 --seeds 7
 
 Prints source reads over the dataset per rule, dataset size and depth, and
-the files ``hard, forwarding`` moves between nodes (over the dataset).
+the files ``hard, forwarding`` and ``hard, swap`` move between nodes
+(over the dataset).
 """
 
 import argparse
@@ -45,7 +52,7 @@ from stager.simulate import node_demand
 from stager.simulate.optimum import job_optimum, next_reads
 
 
-def replay(steps, nodes, files, count, capacity, depth, forward, hard=False):
+def replay(steps, nodes, files, count, capacity, depth, forward, hard=False, swap=False):
     """Source reads of one rule with ``capacity`` files a node.
 
     ``hard``: each node in turn makes room for the files of its step it does
@@ -55,7 +62,9 @@ def replay(steps, nodes, files, count, capacity, depth, forward, hard=False):
     the step). ``forward``: a file a node must drop goes to another node:
     with ``hard``, only to one with room at that moment; otherwise to one
     with room or whose own farthest unpinned file is read later (that node
-    drops that one instead).
+    drops that one instead). ``swap`` (with ``hard``): a node short of room
+    for a file it takes from its holder makes room one file at a time, and
+    the file it drops takes the place of that one on the holder.
     """
     following = next_reads(steps, files)
     bounds = np.searchsorted(steps, np.arange(int(steps.max()) + 2))
@@ -102,11 +111,21 @@ def replay(steps, nodes, files, count, capacity, depth, forward, hard=False):
                 forwarded += 1
 
     def take(n, f):
-        nonlocal reads
+        nonlocal reads, forwarded
         h = holder[f]
+        moving = h >= 0 and h != n and not pins[h].get(f)
+        if swap and f not in has[n] and len(has[n]) >= capacity and unpinned(n):
+            v, g = max(unpinned(n))
+            del has[n][g]
+            holder[g] = -1 if holder[g] == n else holder[g]
+            if moving and not math.isinf(v):  # the holder's copy of f goes: g takes its place there
+                del has[h][f]
+                has[h][g], holder[g] = v, h
+                forwarded += 1
+                moving = False
         if h < 0:
             reads += 1
-        elif h != n and not pins[h].get(f):
+        elif moving:
             del has[h][f]  # the copy moves: the asker holds it for the job from now on
         holder[f] = n
         has[n][f] = math.inf
@@ -120,7 +139,7 @@ def replay(steps, nodes, files, count, capacity, depth, forward, hard=False):
             for i in range(bounds[r], bounds[r + 1]):
                 asks.setdefault(int(nodes[i]), []).append(int(files[i]))
             for n in sorted(asks):
-                if hard:
+                if hard and not swap:
                     make_room(n, capacity - len(set(asks[n]) - set(has[n])))
                 for f in asks[n]:
                     take(n, f)
@@ -155,9 +174,10 @@ def main():
     node_of_rank = np.arange(opts.nodes)
     print(f"batch {opts.batch}, {opts.nodes} nodes of one rank, {opts.epochs} epochs, each node "
           f"{opts.share:.0%} of the dataset ({opts.share * opts.nodes:.2g}x together)\n")
-    print("| files | a node | depth | seed | stager | hard | hard, forwarding | per-node | forwarding | optimum | "
-          "stager / optimum | hard, forwarding / optimum | per-node / optimum | forwarded |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| files | a node | depth | seed | stager | hard | hard, forwarding | hard, swap | per-node | forwarding | "
+          "optimum | stager / optimum | hard, forwarding / optimum | hard, swap / optimum | per-node / optimum | "
+          "forwarded | swapped |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for count in opts.files:
         capacity = int(opts.share * count)
         for depth in (int(x) for x in opts.depths.split(",")):
@@ -165,18 +185,20 @@ def main():
                 spec = PlanSpec.from_config(count, PlanConfig(batch_size=opts.batch, epochs=opts.epochs, seed=seed),
                                             opts.nodes)
                 steps, nodes, files, _ = job_reads(spec, node_of_rank, None, count)
-                rule = {name: replay(steps, nodes, files, count, capacity, depth, forward, hard)
-                        for name, forward, hard in (("hard", False, True), ("hard, forwarding", True, True),
-                                                    ("per-node", False, False), ("forwarding", True, False))}
+                rule = {name: replay(steps, nodes, files, count, capacity, depth, forward, hard, swap)
+                        for name, forward, hard, swap in (
+                            ("hard", False, True, False), ("hard, forwarding", True, True, False),
+                            ("hard, swap", False, True, True), ("per-node", False, False, False),
+                            ("forwarding", True, False, False))}
                 best = job_optimum(np.ones(count), spec, node_of_rank, [capacity] * opts.nodes, depth)["files"]
                 demand = node_demand(np.ones(count), spec, opts.nodes, 1, None, capacity, "auto", depth, True)
                 engine = sum(int(d.source_files.sum()) for d in demand.tracked)
-                reads = (engine, rule["hard"][0], rule["hard, forwarding"][0], rule["per-node"][0],
-                         rule["forwarding"][0], best)
+                reads = (engine, rule["hard"][0], rule["hard, forwarding"][0], rule["hard, swap"][0],
+                         rule["per-node"][0], rule["forwarding"][0], best)
                 shares = " | ".join(f"{x / count:.3f}" for x in reads)
-                ratios = " | ".join(f"{x / best:.3f}" for x in (engine, rule["hard, forwarding"][0], rule["per-node"][0]))
-                print(f"| {count} | {capacity} | {depth} | {seed} | {shares} | {ratios} | "
-                      f"{rule['hard, forwarding'][1] / count:.2f} |")
+                ratios = " | ".join(f"{rule[name][0] / best:.3f}" for name in ("hard, forwarding", "hard, swap", "per-node"))
+                print(f"| {count} | {capacity} | {depth} | {seed} | {shares} | {engine / best:.3f} | {ratios} | "
+                      f"{rule['hard, forwarding'][1] / count:.2f} | {rule['hard, swap'][1] / count:.2f} |")
 
 
 if __name__ == "__main__":
