@@ -9,6 +9,7 @@ this decides how it is handed out.
 
 from .deadlines import DeadlineQueue
 from .messages import StageTask
+from .peers import swaps
 from .. import telemetry as tm
 
 
@@ -56,15 +57,24 @@ class Dispatch:
         request.tasks.append(task)
         return task
 
-    def submit(self, request, missing):
-        """Hands ``request``'s files to fetch to the peers that hold them and to the prefetchers."""
+    def submit(self, request, missing, offers=None):
+        """Hands ``request``'s files to fetch to the peers that hold them and to the prefetchers.
+
+        ``offers``: files dropped to make room for them (``swaps.offered``),
+        given to the holders asked; those no holder is asked to take are lost.
+        """
         s = self.s
         first, count = self.next_task, len(missing)
         if s.peers is not None:
             groups, missing = s.peers.route(missing, self.catalog.sizes[missing], request.seq)
+            given, lost = swaps.pair(groups, offers or {}, s.peers.holders)
             for owner, indices in groups:  # one task per holder
                 s.peers.submit(self._new(request), request.epoch, request.step, owner, self.files(indices),
-                               request.seq)
+                               request.seq, given.get(owner, ()))
+            for index, _, size, _, _ in (offer for batch in given.values() for offer in batch):
+                s.telemetry.record(tm.SWAPPED_OUT, index, size, request.epoch)
+            for index in lost:
+                s.telemetry.record(tm.DROPPED, index, int(self.catalog.sizes[index]), request.epoch)
         for chunk in split_tasks(missing, self.split, s.staging.files_per_task):
             task = self._new(request)
             self.deadlines.push(request.seq, task, StageTask(task, request.epoch, request.step, self.files(chunk)))

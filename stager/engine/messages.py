@@ -14,6 +14,8 @@ Who sends what (the arrows of ``docs/architecture.md``):
   ``Staged`` or ``Failure``;
 - node service -> peer fetch threads (``staging.peers``): ``PeerFetch``;
   they reply ``Staged`` (saying which way the file came) or ``Failure``;
+  the peer server thread -> node service: ``Adopt`` (files another node
+  gave this one);
 - coordinator -> readers: ``ReadTask``; readers -> coordinator: ``Decoded``
   or ``Failure``;
 - consumer thread -> coordinator: ``Consumed`` (and a bare wake-up).
@@ -160,7 +162,12 @@ class StageTask:
 
 @dataclass(frozen=True, slots=True)
 class PeerFetch:
-    """Files for a peer fetch thread to ask leader ``owner`` for: ``files`` holds ``(index, relpath, size, mtime_ns)``."""
+    """Files for a peer fetch thread to ask leader ``owner`` for: ``files`` holds ``(index, relpath, size, mtime_ns)``.
+
+    ``offers``: files this node dropped to make room for these, with their
+    bytes (``protocol.Ask.offers``), for ``owner`` to keep. ``hops``: how
+    many holders answered ``MOVED`` on the way here.
+    """
 
     task: int
     epoch: int
@@ -168,6 +175,17 @@ class PeerFetch:
     owner: int
     files: List[Tuple[int, str, int, Optional[int]]]
     seq: int = -1
+    offers: tuple = ()
+    hops: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Adopt:
+    """Files leader ``giver`` gave this node (``protocol.Ask.offers``), for the service to keep if it has room."""
+
+    giver: int
+    epoch: int
+    files: tuple
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,7 +21,8 @@ import time
 import numpy as np
 
 from .dispatch import Dispatch
-from .messages import Bye, Fail, Failure, Hello, Need, Ready, Release, Staged
+from .messages import Adopt, Bye, Fail, Failure, Hello, Need, Ready, Release, Staged
+from .peers import swaps
 from .readpins import ReadPins
 from .stalls import stall_failure
 from .workerpool import RETIRED
@@ -208,20 +209,21 @@ class ServiceLoop:
                                               f"{request.step} of epoch {request.epoch} beside the files pinned "
                                               f"for reading ({human(cache.used)} used)"))
                 return  # a Release will make room
-            self.remove(victims)
+            offers = swaps.offered(victims, cache, self.catalog, self.s.local_dir) if self.s.peers else {}
+            self.remove(victims, offers)
             self.admitting.popleft()
-            self.fetch(request, missing)
+            self.fetch(request, missing, offers)
             if not request.remaining and not request.answered:
                 self.answer(request)
 
-    def fetch(self, request, missing):
+    def fetch(self, request, missing, offers=None):
         if not len(missing):
             return
         self.cache.fetching(missing, request.seq)
         if self.cache.used > self.peak:
             self.peak = self.cache.used
             self.s.telemetry.record(tm.USAGE, self.epoch, self.peak)
-        self.dispatch.submit(request, missing)
+        self.dispatch.submit(request, missing, offers)
 
     def release(self, request):
         """A request's minibatch was read (or its client left): its files go once ``ReadPins`` lets them."""
@@ -244,9 +246,10 @@ class ServiceLoop:
         self.unpin(self.pins.leave(conn))
         self.admit()
 
-    def remove(self, indices):
-        """Deletes files the policy let go from the job directory (``DROPPED`` too: read again)."""
+    def remove(self, indices, offered=()):
+        """Deletes files the policy let go from the job directory (``DROPPED`` too: read again, not ``offered``)."""
         for index, again in zip(indices, self.cache.read_again(indices) if len(indices) else ()):
+            again = again and index not in offered
             try:
                 os.unlink(os.path.join(self.s.local_dir, self.catalog.path(index)))
             except FileNotFoundError:
@@ -258,6 +261,9 @@ class ServiceLoop:
     # Prefetchers ----------------------------------------------------------
 
     def on_reply(self, msg):
+        if isinstance(msg, Adopt):  # another node gave this one files (the peer server passes them on)
+            swaps.adopt(self, msg)
+            return
         if isinstance(msg, Failure):
             if self.failed is None:
                 self.fail(msg)

@@ -81,6 +81,9 @@ class NodeReplay:
 
     Attributes:
         cache: The node's ``cache.Cache``.
+        dropped: The files the latest request made room by dropping that the
+            node held for the job and the job reads again (with peers: what
+            it may give to a holder, ``engine.peers.swaps``).
 
     Raises:
         ConfigError: For a capacity below the look-ahead window (as ``stager run`` would).
@@ -97,6 +100,7 @@ class NodeReplay:
         self._most = ahead * len(ranks)
         self._pending = collections.deque()  # files of requests made and not yet read, oldest first
         self._capacity = capacity
+        self.dropped = np.zeros(0, dtype=np.int64)
 
     def _read_oldest(self):
         for index in self.cache.release(self._pending.popleft()):
@@ -124,7 +128,10 @@ class NodeReplay:
             if not self._pending:
                 raise CacheFull(f"capacity {self._capacity} cannot hold one minibatch")
             self._read_oldest()
-        for index in victims:
+        victims = np.asarray(victims, dtype=np.int64)
+        swaps = cache.holders is not None and cache.holders.swaps
+        self.dropped = victims[cache.read_again(victims)] if swaps and len(victims) else victims[:0]
+        for index in victims.tolist():
             cache.removed(index)
         cache.fetching(missing)
         for index in missing.tolist():

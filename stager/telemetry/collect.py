@@ -56,10 +56,11 @@ def read_totals(table):
 
     Returns:
         ``{"source": {"files", "bytes"}, "peers": {...}, "peers_out": {...},
-        "local": {"files", "samples", "bytes"}, "source_after_peer": files}``:
-        read from the shared file system (of which ``source_after_peer``
-        because the node holding them stalled or left), fetched from other
-        nodes' copies, sent to other nodes, found already here (``files``
+        "swapped": {...}, "local": {"files", "samples", "bytes"},
+        "source_after_peer": files}``: read from the shared file system (of
+        which ``source_after_peer`` because the node holding them stalled or
+        left), fetched from other nodes' copies, sent to other nodes, given
+        by a node short of room and kept (``engine.peers.swaps``), found already here (``files``
         hit; ``samples`` and ``bytes``: what the readers read from them,
         of a container only its samples asked for).
     """
@@ -69,6 +70,7 @@ def read_totals(table):
     return {"source": {"files": total("files_from_source"), "bytes": total("bytes_from_source")},
             "peers": {"files": total("files_from_peers"), "bytes": total("bytes_from_peers")},
             "peers_out": {"files": total("files_to_peers"), "bytes": total("bytes_to_peers")},
+            "swapped": {"files": total("files_swapped_in"), "bytes": total("bytes_swapped_in")},
             "local": {"files": total("hits"), "samples": total("samples_local"), "bytes": total("bytes_local")},
             "source_after_peer": total("files_after_peer")}
 

@@ -41,6 +41,8 @@ kind           a                    b                   value
 ``FALLBACK``   catalog index        bytes               epoch (read from the source: its holder stalled)
 ``GROUP``      what (below)         files or samples    bytes (files) or 0
 ``DROPPED``    catalog index        bytes               epoch being requested (an evicted file read again)
+``SWAP_OUT``   catalog index        bytes               epoch (dropped for room, given to a holder)
+``SWAP_IN``    catalog index        bytes               epoch (another node gave it; kept here)
 =============  ===================  ==================  ==========================
 
 A ``GROUP`` event (a job of a shared group, ``staging.share``) says, by its
@@ -61,15 +63,16 @@ import time
 from array import array
 
 NEEDED, QUEUED, STAGED, TASK, READY, READ, DELIVERED, CONSUMED, REQUEST, EVICTED, USAGE, PEER, SERVED, \
-    FINISHED, RESIZED, LOCAL, FALLBACK, GROUP, DROPPED = range(19)
+    FINISHED, RESIZED, LOCAL, FALLBACK, GROUP, DROPPED, SWAPPED_OUT, SWAPPED_IN = range(21)
 GROUP_FILES, GROUP_FETCHED, GROUP_TAKEN, GROUP_GIVEN = range(4)
 POOL_PREFETCH, POOL_READ = range(2)  # a ``RESIZED`` event's pool
 # What a ``STAGED`` event's bytes (and a prefetcher's ``Staged.done``) may hold besides a count:
 NO_SPACE = -1  # the local file system was full; nothing was published
 PRESENT = -2  # a matching copy was already there; nothing was copied
 KINDS = ("needed", "queued", "staged", "task", "ready", "read", "delivered", "consumed", "request", "evicted",
-         "usage", "peer", "served", "finished", "resized", "local", "fallback", "group", "dropped")
-FILE_KINDS = frozenset((STAGED, EVICTED, PEER, SERVED, FALLBACK, DROPPED))  # one event per file, not per minibatch
+         "usage", "peer", "served", "finished", "resized", "local", "fallback", "group", "dropped", "swap_out",
+         "swap_in")
+FILE_KINDS = frozenset((STAGED, EVICTED, PEER, SERVED, FALLBACK, DROPPED, SWAPPED_OUT, SWAPPED_IN))  # one event per file, not per minibatch
 
 
 _TYPES = ("d", "b", "q", "q", "d")  # time, kind, a, b, value

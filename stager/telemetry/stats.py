@@ -49,8 +49,11 @@ class Stats:
             those, files the job reads again from this copy: its next reader,
             this node or another, reads the source instead), ``peak_bytes``, and with
             ``staging.peers`` ``files_from_peers``/``bytes_from_peers`` (fetched
-            from other nodes' copies) and ``files_to_peers``/``bytes_to_peers``
-            (sent to them; the asking node's epoch).
+            from other nodes' copies), ``files_to_peers``/``bytes_to_peers``
+            (sent to them; the asking node's epoch), ``files_swapped_out``/
+            ``bytes_swapped_out`` (dropped for room and given to the holder
+            asked, ``engine.peers.swaps``) and ``files_swapped_in``/
+            ``bytes_swapped_in`` (given by another node and kept here).
     """
 
     def __init__(self):
@@ -106,6 +109,11 @@ class Stats:
                 epoch = self._epoch(int(value))
                 epoch["dropped"] += 1
                 epoch["bytes_dropped"] += b
+            elif kind in (tm.SWAPPED_OUT, tm.SWAPPED_IN):
+                epoch = self._epoch(int(value))
+                way = "out" if kind == tm.SWAPPED_OUT else "in"
+                epoch[f"files_swapped_{way}"] += 1
+                epoch[f"bytes_swapped_{way}"] += b
             elif kind == tm.USAGE:
                 epoch = self._epoch(a)
                 epoch["peak_bytes"] = max(epoch["peak_bytes"], b)
@@ -143,7 +151,8 @@ class Stats:
             self.cache[epoch] = dict.fromkeys(("hits", "samples_local", "bytes_local", "misses", "files_from_source",
                                                "bytes_from_source", "files_after_peer", "evictions", "bytes_evicted",
                                                "dropped", "bytes_dropped", "peak_bytes", "files_from_peers",
-                                               "bytes_from_peers", "files_to_peers", "bytes_to_peers"), 0)
+                                               "bytes_from_peers", "files_to_peers", "bytes_to_peers", "files_swapped_out",
+                                               "bytes_swapped_out", "files_swapped_in", "bytes_swapped_in"), 0)
         return self.cache[epoch]
 
     def cache_table(self):

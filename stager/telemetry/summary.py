@@ -53,8 +53,10 @@ def _reads(reads):
              way(local["files"], local["bytes"], "already local") if local.get("samples", local["files"]) ==
              local["files"] else way(local["samples"], local["bytes"], f"already local (in {local['files']} "
                                      "containers asked for)", "samples")]
-    after = reads["source_after_peer"]
-    return "; ".join(parts) + (f"; {after} of the source's because a peer stalled or left" if after else "")
+    after, swapped = reads["source_after_peer"], reads.get("swapped", {}).get("files", 0)
+    return "; ".join(parts) + (f"; {after} of the source's because a peer stalled or left" if after else "") + \
+        (f"; {way(swapped, reads['swapped']['bytes'], 'kept for the job when another node had to drop them')}"
+         if swapped else "")
 
 
 def reads_lines(reads, most_nodes=8):

@@ -48,15 +48,18 @@ def dirs():
     shutil.rmtree(tmp_path)
 
 
-def transfer(comm, dirs, names, to_come=lambda index, seq: False, position=lambda: -1, still_s=10.0):
+def transfer(comm, dirs, names, to_come=lambda index, seq: False, position=lambda: -1, still_s=10.0,
+             moved=lambda index: -1, on_offers=lambda peer, ask: None, offers=(), on_served=lambda index, seq: None):
     source, holder, requester, files = dirs
     telemetry = Telemetry()
-    server = PeerServer(comm, str(holder), telemetry, 30, to_come, position=position)
+    server = PeerServer(comm, str(holder), telemetry, 30, to_come, on_served, position=position, moved=moved,
+                        on_offers=on_offers)
     fetcher = PeerFetcher(comm, open_source(str(source)), str(requester), 2, 30, still_s=still_s)
     server.start()
     fetcher.start()
     try:
-        fetcher.tasks.put(PeerFetch(7, 1, 0, 0, [(i, name, files[name], None) for i, name in enumerate(names)]))
+        fetcher.tasks.put(PeerFetch(7, 1, 0, 0, [(i, name, files[name], None) for i, name in enumerate(names)],
+                                    offers=offers))
         replies = []
         while sum(len(m.done) for m in replies if isinstance(m, Staged)) < len(names):
             replies.append(fetcher.conn.recv())
@@ -90,6 +93,32 @@ def test_a_holder_that_evicted_the_file_makes_the_requester_read_the_source(comm
         assert (requester / name).read_bytes() == (source / name).read_bytes()
     assert sorted(served) == [(0, 0), (1, 0)], "the holder answered, sending nothing"
     assert [p for p in os.listdir(requester) if p.startswith(".")] == [], "nothing partial is left"
+
+
+def test_files_dropped_for_room_ride_with_the_request_to_the_holder_after_its_answer(comm, dirs):
+    """A node short of room gives the holder it asks the file it dropped (``swaps``): the bytes travel in
+    the request, and the holder is handed them once it has answered (the room its answer frees)."""
+    source, _, requester, files = dirs
+    offer = (9, "given.bin", 5, None, b"bytes")
+    got = []
+    replies, served = transfer(comm, dirs, ["small.bin"], offers=(offer,),
+                               on_served=lambda index, seq: got.append(("served", index)),
+                               on_offers=lambda peer, ask: got.append(("offers", peer, ask.offers)))
+    assert got == [("served", 0), ("offers", 0, (offer,))], "offered once, after the file asked for was sent"
+    assert [(m.route, m.done) for m in replies] == [("peer", [(0, files["small.bin"])])]
+
+
+def test_a_holder_that_gave_the_file_away_names_the_node_it_went_to(comm, dirs):
+    """The holder answers ``MOVED`` with the node; the requester asks that one, unless it is itself (this
+    communicator has one rank): then it reads the source, whole."""
+    source, holder, requester, files = dirs
+    os.unlink(holder / "small.bin")
+    asked = []
+    replies, served = transfer(comm, dirs, ["small.bin"], moved=lambda index: asked.append(index) or 0)
+    assert asked == [0]
+    assert [(m.route, m.done) for m in replies] == [("source", [(0, files["small.bin"])])], replies
+    assert (requester / "small.bin").read_bytes() == (source / "small.bin").read_bytes()
+    assert served == [(0, 0)]
 
 
 def test_a_holder_whose_ranks_do_not_move_is_read_around(comm, dirs):

@@ -7,7 +7,10 @@ one holder for a minibatch's files it holds, in one message; what arrives is pub
 rename). A holder that owns the file but has not staged it yet says so, and
 the thread asks again a little later (the owner is the one that reads it
 from the shared file system); a holder without a copy says so, and the
-thread reads the file from the shared file system instead. Threads take
+thread reads the file from the shared file system instead; a holder that
+gave the file to another node names it, and the thread asks that one (at
+most ``MAX_HOPS`` times). The first request carries the files the node
+dropped to make room for these (``PeerFetch.offers``). Threads take
 tasks by step, the earliest first, and one waiting on a file to come hands
 its task back for an earlier step's that no thread is free to take (``_Tasks``).
 A holder whose
@@ -29,7 +32,8 @@ import threading
 import time
 from dataclasses import replace
 
-from .protocol import FIRST_REPLY_TAG, MISSING, PENDING, REPLY_TAGS, Ask, PeerTimeout, ask_for, receive, write_all
+from .protocol import FIRST_REPLY_TAG, MISSING, MOVED, PENDING, REPLY_TAGS, Ask, PeerTimeout, ask_for, receive, \
+    write_all
 from ..messages import Failure, Staged
 from ...sources.deadline import Deadline
 from ...sources.publish import already_published, publish
@@ -49,6 +53,9 @@ log = logging.getLogger(__name__)
 PENDING_STILL_S = 30.0
 # However the holder moves, a pending file is waited for this long at most.
 PENDING_WAIT_S = 60.0
+# Holders that answer ``MOVED`` in a row before the file is read from the source: a file given on and on
+# would otherwise be chased around the nodes.
+MAX_HOPS = 4
 
 
 class _Tasks:
@@ -144,7 +151,8 @@ class PeerFetcher:
         for thread in self._threads:
             thread.start()
 
-    def _send(self, msg):
+    def send(self, msg):
+        """Puts ``msg`` on the pipe the service reads (from any thread)."""
         with self._send_lock:
             self._reply.send(msg)
 
@@ -164,9 +172,9 @@ class PeerFetcher:
                     except StopIteration as end:
                         taken = end.value  # an earlier step's task, taken in exchange for this one's files to come
                         break
-                    self._send(Staged(task.task, name, done, seconds, task.epoch, route))
+                    self.send(Staged(task.task, name, done, seconds, task.epoch, route))
             except Exception as exc:  # the service fails the job with where and why
-                self._send(Failure.from_exception("prefetch", name, exc, task.epoch, task.step, None,
+                self.send(Failure.from_exception("prefetch", name, exc, task.epoch, task.step, None,
                                                   f"cannot stage files from node leader {task.owner}: "
                                                   f"{type(exc).__name__}: {exc}"))
 
@@ -188,7 +196,7 @@ class PeerFetcher:
         deadline = time.monotonic() + self.timeout_s
         patience = since + min(self.timeout_s, PENDING_WAIT_S)
         pause, taken = 0.002, None
-        missing, late = [], []
+        missing, late, moved, offers = [], [], {}, task.offers
         if task.owner in self.silent:  # it did not answer an earlier task: its late answers are never taken
             late, todo = todo, []
         while todo:
@@ -196,7 +204,9 @@ class PeerFetcher:
             tag = FIRST_REPLY_TAG + next(self._tags) % REPLY_TAGS
             done, pending, answered, at = [], [], 0, -1
             try:
-                ask_for(self.comm, task.owner, Ask([f[:3] for f in todo], task.epoch, tag, task.seq), self.timeout_s)
+                ask = Ask([f[:3] for f in todo], task.epoch, tag, task.seq, offers)
+                offers = ()  # offered once: a holder that keeps them has them
+                ask_for(self.comm, task.owner, ask, self.timeout_s)
                 for f in todo:  # the answers come in the order asked
                     outcome, heard = self._receive(task.owner, tag, f, max(deadline - time.monotonic(), 0.0))
                     answered += 1
@@ -205,6 +215,8 @@ class PeerFetcher:
                         at = max(at, heard)
                     elif outcome == MISSING:
                         missing.append(f)
+                    elif outcome == MOVED:
+                        moved.setdefault(heard, []).append(f)
                     else:
                         done.append((f[0], outcome))
             except PeerTimeout as exc:
@@ -232,6 +244,11 @@ class PeerFetcher:
                 if taken is not None:
                     break
                 pause = min(2 * pause, 0.05)
+        for to, files in moved.items():
+            if task.hops < MAX_HOPS and to != self.comm.Get_rank() and to not in self.silent:
+                self.tasks.put(replace(task, owner=to, files=files, offers=(), hops=task.hops + 1))
+            else:
+                missing += files
         for route, files in (("source", missing), ("fallback", late)):
             if files:
                 start = time.perf_counter()
@@ -252,8 +269,9 @@ class PeerFetcher:
     def _receive(self, owner, tag, file, timeout_s):
         """One file of an answer, published: ``(outcome, at)``.
 
-        The outcome is its bytes, ``NO_SPACE``, ``PENDING`` or ``MISSING``
-        (also when cut); ``at`` the holder's position with ``PENDING``.
+        The outcome is its bytes, ``NO_SPACE``, ``PENDING``, ``MOVED`` or
+        ``MISSING`` (also when cut); ``at`` the holder's position with
+        ``PENDING``, the leader given the file with ``MOVED``.
         """
         index, rel, size, mtime_ns = file
         outcome, at = None, -1

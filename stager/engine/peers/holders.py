@@ -17,6 +17,12 @@ Two rules, one interface (``holder``, ``kept``, ``next_use``, ``to_come``):
 A node's position is its ranks' latest request (``advance``). What it
 holds for another node it keeps until that node has fetched it (``served``),
 however far behind that node runs.
+
+With ``LatestReaders``, a node short of room that takes a file from its
+holder may give that holder the file it drops in exchange (``swaps``): the
+taker notes where it went (``gave``: it sends the file's next reader there,
+and asks there itself) and the holder keeps it for the job (``took``) until
+another node has fetched it from there.
 """
 
 import math
@@ -62,6 +68,7 @@ class LatestReaders(_Position):
     """
 
     complete = True  # every read of the job is listed: no next use means never again
+    swaps = True     # whoever holds a file, every node knows when the job reads it next
 
     def __init__(self, steps, nodes, files, me, count):
         order = np.lexsort((nodes, steps, files))
@@ -76,6 +83,9 @@ class LatestReaders(_Position):
         self.handed = np.full(count, -1, dtype=np.int64)  # per file, the latest step a node fetched it from here for
         self.asked_seq = np.full(count, -1, dtype=np.int64)  # per file, the latest step this node asked it for
         self.fetch_seq = np.full(count, -1, dtype=np.int64)  # per file, the step its latest fetch here began for
+        self.moved = np.full(count, -1, dtype=np.int32)  # per file, the node this one gave it to (-1: none)
+        # Per file given to this node, the step its next reader reads it at (-1: none given).
+        self.given_until = np.full(count, -1, dtype=np.int64)
 
     def for_node(self, me):
         """The same rule seen from node ``me`` (sharing the listed reads)."""
@@ -91,6 +101,7 @@ class LatestReaders(_Position):
     def fetching(self, indices, seq):
         """This node starts fetching ``indices`` for its ranks' step ``seq``."""
         self.fetch_seq[indices] = seq
+        self.moved[indices] = -1  # here again: it answers for them itself
 
     def served(self, index, seq):
         """Another node fetched file ``index`` (or an array of them) from here for its step ``seq``.
@@ -98,6 +109,22 @@ class LatestReaders(_Position):
         Called from the server thread, the only one that writes ``handed``.
         """
         self.handed[index] = np.maximum(self.handed[index], seq)
+        self.given_until[index] = -1  # handed on: the node that fetched it holds it now
+
+    def gave(self, index, node):
+        """This node dropped file ``index`` and gave it to ``node`` (which may not keep it)."""
+        self.moved[index] = node
+
+    def took(self, index):
+        """Another node gave this one file ``index``: it holds it for the job until its next reader fetches it.
+
+        Or, as for a file owed to a node behind, until ``HANDOFF_STEPS`` after
+        that read: its reader has had it from elsewhere.
+        """
+        self.moved[index] = -1
+        pos = int(np.searchsorted(self.keys, (index << _STEP_BITS) | (self.now + 1)))
+        if pos < len(self.keys) and self.keys[pos] >> _STEP_BITS == index:
+            self.given_until[index] = self.keys[pos] & ((1 << _STEP_BITS) - 1)
 
     def holder(self, indices, seq, node=None):
         """Per file, the node to ask for it at step ``seq`` (``NO_OWNER``: nobody read it before).
@@ -139,11 +166,13 @@ class LatestReaders(_Position):
     def kept(self, indices):
         """Per file, whether this node holds it for the job now.
 
-        It does while it is the last to have read it, and after that while
-        the next reader has not fetched it from here (it may be behind).
+        It does while it is the last to have read it (unless a node ahead
+        of it has fetched it from here already), and after that while the
+        next reader has not fetched it from here (it may be behind).
         """
         last, owed = self._held(indices)
-        return last | owed
+        given = self.given_until[np.asarray(indices, dtype=np.int64)]
+        return last | owed | ((given >= 0) & (given > self.now - HANDOFF_STEPS))
 
     def _held(self, indices):
         """Per file: this node read it last; another node read it since and has not fetched it from here yet."""
@@ -154,7 +183,11 @@ class LatestReaders(_Position):
         valid[valid] &= (self.keys[pos[valid]] >> _STEP_BITS) == indices[valid]
         last = np.zeros(len(indices), dtype=bool)
         last[valid] = self.nodes[pos[valid]] == self.me
-        open_ = valid & ~last  # someone read it after this node: has the first of them fetched it from here?
+        # A node further on than this one has fetched it from here already: it holds it now.
+        on = np.zeros(len(indices), dtype=bool)
+        on[last] = self.handed[indices[last]] > (self.keys[pos[last]] & ((1 << _STEP_BITS) - 1))
+        last &= ~on
+        open_ = valid & ~last & ~on  # someone read it after this node: has the first of them fetched it from here?
         for back in range(1, _HANDOFF_READS + 1):
             look = open_ & (pos - back >= 0)
             look[look] &= (self.keys[pos[look] - back] >> _STEP_BITS) == indices[look]
@@ -221,6 +254,8 @@ class FirstReaders(_Position):
     """
 
     complete = False  # other nodes' later reads are not listed
+    swaps = False     # a node cannot tell when another reads a file it owns
+    moved = None
 
     def __init__(self, owners, me):
         self.owners, self.me = owners, me

@@ -11,7 +11,7 @@ from .model import RateModel
 from .ownership import NO_OWNER
 from .protocol import wait
 from .server import PeerServer
-from ..messages import PeerFetch
+from ..messages import Adopt, PeerFetch
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ class Peers:
         self.model = RateModel()
         self.cache = None
         self.server = PeerServer(comm, root, telemetry, TIMEOUT_S, self._to_come, holders.served,
-                                 lambda: holders.low)
+                                 lambda: holders.low, self._moved, self._offered)
         self.fetcher = PeerFetcher(comm, source, root, threads, wait_s or TIMEOUT_S)
         self.fetcher_sizes = collections.deque(maxlen=SIZES_KEPT)
 
@@ -68,6 +68,17 @@ class Peers:
         # this answer's timing depends on (a stale read answers PENDING or MISSING).
         return self.cache is not None and bool(self.holders.to_come(index, self.cache, seq))
 
+    def _moved(self, index):
+        # The server thread's: the leader this node gave a file to (-1: none); an int read is atomic.
+        return int(self.holders.moved[index]) if self.holders.swaps else -1
+
+    def _offered(self, peer, ask):
+        # The server thread's: what leader ``peer`` gave goes to the service, on the fetchers' pipe.
+        try:
+            self.fetcher.send(Adopt(peer, ask.epoch, ask.offers))
+        except (OSError, ValueError):
+            pass  # the service is gone: so is the room it could have taken
+
     def route(self, indices, sizes, seq):
         """Splits files to fetch at step ``seq`` into ``([(holder, files)...], from the shared file system)``.
 
@@ -76,6 +87,9 @@ class Peers:
         file system), unless that node stopped answering.
         """
         owners = self.holders.holder(indices, seq, self.me)
+        if self.holders.swaps:  # a file this node gave away is asked of the node it went to
+            gone = self.holders.moved[indices]
+            owners = np.where(gone >= 0, gone, owners)
         elsewhere = (owners != NO_OWNER) & (owners != self.me)
         if self.fetcher.silent:
             elsewhere &= ~np.isin(owners, list(self.fetcher.silent))
@@ -97,9 +111,12 @@ class Peers:
         elif copied and len(copied) == len(msg.done):  # a file already there would make the open look free
             self.model.from_source(len(copied), sum(copied), msg.seconds)
 
-    def submit(self, task, epoch, step, owner, files, seq=-1):
-        """Queues ``files`` (``(index, relpath, size, mtime_ns)``) to be asked from leader ``owner`` for step ``seq``."""
-        self.fetcher.tasks.put(PeerFetch(task, epoch, step, owner, files, seq))
+    def submit(self, task, epoch, step, owner, files, seq=-1, offers=()):
+        """Queues ``files`` (``(index, relpath, size, mtime_ns)``) to be asked from leader ``owner`` for step ``seq``.
+
+        ``offers``: files this node dropped for them, given to ``owner`` (``swaps.offered``).
+        """
+        self.fetcher.tasks.put(PeerFetch(task, epoch, step, owner, files, seq, offers))
 
     def close(self, wait_s, timeout_s):
         """Stops fetching; serves the other leaders until all have stopped fetching too, or ``wait_s`` passed.

@@ -6,10 +6,15 @@ order asked, an ``Offer``: the file's size and its first ``CHUNK`` bytes;
 ``PENDING`` when the holder owns the file and has not staged it yet (its own
 ranks will: ask again later), with the holder's position (its slowest rank's
 latest request), so the asker can tell a holder behind from a stuck one; or ``MISSING`` when it has no complete copy
-(evicted, another size). A file larger than ``CHUNK`` goes on in chunks of
+(evicted, another size); or ``MOVED`` when it gave the file to another
+node, with that node's rank, which the asker asks next. A file larger than ``CHUNK`` goes on in chunks of
 at most ``CHUNK`` bytes, each a plain buffer message on the same tag, so a
 minibatch's small files cost one round trip together. A holder that cannot
 finish a file (a read error) sends an empty chunk and goes on with the next.
+An ``Ask`` may carry files the requester dropped to make room for what it
+asks (``offers``, their bytes with them: the requester's disk never holds
+more than its capacity); after answering, the holder keeps those it has
+room for (``engine.peers.swaps``).
 The requester writes through ``sources.publish``, so an unfinished transfer
 leaves nothing behind, and it takes every message of the answer even when it
 cannot keep a file (a full disk), so the two sides stay in step.
@@ -34,6 +39,8 @@ REPLY_TAGS = 30000       # MPI guarantees tags up to 32767
 CHUNK = 1 << 20          # bytes per message: bounded, whatever the file's size
 MISSING = -1
 PENDING = -2
+MOVED = -3
+OFFER_MAX = CHUNK  # bytes: larger files are not offered (an offer travels whole, in the request)
 
 
 class PeerTimeout(OSError):
@@ -52,12 +59,15 @@ class Ask:
         tag: The tag the holder answers on.
         seq: The requester's minibatch sequence number (the step the
             holder hands the files on for), or -1.
+        offers: ``(index, relpath, size, mtime_ns, data)`` each: files the
+            requester dropped for these, for the holder to keep if it can.
     """
 
     files: list
     epoch: int
     tag: int
     seq: int = -1
+    offers: tuple = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +75,8 @@ class Offer:
     """The holder's answer: the file's ``size`` (``MISSING``, ``PENDING``) and its first bytes.
 
     Attributes:
-        at: With ``PENDING``: the holder's position (its slowest rank's latest request).
+        at: With ``PENDING``: the holder's position (its slowest rank's latest
+            request); with ``MOVED``: the rank of the leader it gave the file to.
     """
 
     size: int
@@ -115,13 +126,15 @@ class _Incoming:
         pass
 
 
-def serve(comm, peer, ask, root, timeout_s, to_come, position=lambda: -1):
+def serve(comm, peer, ask, root, timeout_s, to_come, position=lambda: -1, moved=lambda index: -1):
     """Answers one ``Ask`` from ``peer`` with the local copies under ``root``.
 
     Args:
         to_come: Callable ``(index) -> bool``: answer ``PENDING`` rather than
             ``MISSING`` for a file not here (it is still to come).
         position: Callable: the holder's position, sent with ``PENDING``.
+        moved: Callable ``(index) -> rank``: the leader a file not here was
+            given to (answered ``MOVED``), or -1.
 
     Yields:
         ``(index, bytes sent)`` per file (0: missing, pending or cut).
@@ -142,7 +155,9 @@ def serve(comm, peer, ask, root, timeout_s, to_come, position=lambda: -1):
         try:
             size = os.fstat(fd).st_size if fd is not None else MISSING
             if size != expected:
-                offer = Offer(PENDING, at=position()) if fd is None and to_come(index) else Offer(MISSING)
+                to = moved(index) if fd is None else -1
+                offer = Offer(MOVED, at=to) if to >= 0 else \
+                    Offer(PENDING, at=position()) if fd is None and to_come(index) else Offer(MISSING)
                 offers.append(comm.isend(offer, dest=peer, tag=ask.tag))
                 yield index, 0
                 continue
@@ -176,8 +191,9 @@ def receive(comm, owner, tag, rel, write, timeout_s):
     file's answer starts where it should.
 
     Returns:
-        ``(outcome, at)``: bytes received, ``MISSING`` or ``PENDING``; and
-        with ``PENDING``, the holder's position (else -1).
+        ``(outcome, at)``: bytes received, ``MISSING``, ``PENDING`` or
+        ``MOVED``; and with ``PENDING``, the holder's position, with
+        ``MOVED``, the leader to ask instead (else -1).
 
     Raises:
         PeerTimeout: When the owner does not answer within ``timeout_s``.

@@ -29,12 +29,16 @@ class PeerServer:
             requester's step ``seq``.
         position: Callable: this node's position (its slowest rank's latest
             request), sent with each ``PENDING``.
+        moved: Callable ``(index) -> rank``: the leader a file was given to, or -1.
+        on_offers: Callable ``(peer, ask)``: an ``Ask`` came with files offered
+            (called once it is answered).
     """
 
     def __init__(self, comm, root, telemetry, timeout_s, to_come, on_served=lambda index, seq: None,
-                 position=lambda: -1):
+                 position=lambda: -1, moved=lambda index: -1, on_offers=lambda peer, ask: None):
         self.comm, self.root, self.telemetry, self.timeout_s = comm, root, telemetry, timeout_s
         self.to_come, self.on_served, self.position = to_come, on_served, position
+        self.moved, self.on_offers = moved, on_offers
         self._halt = threading.Event()
         self._thread = threading.Thread(target=self._run, name="stager-peer-server", daemon=True)
 
@@ -58,12 +62,14 @@ class PeerServer:
             try:
                 to_come = lambda index, seq=ask.seq: self.to_come(index, seq)  # noqa: E731
                 for index, sent in serve(self.comm, peer, ask, self.root, self.timeout_s, to_come,
-                                         self.position):
+                                         self.position, self.moved):
                     self.telemetry.record(tm.SERVED, index, sent, ask.epoch)
                     if sent > 0:
                         self.on_served(index, ask.seq)
             except (OSError, PeerTimeout) as exc:
                 log.warning("stager: could not answer node leader %s: %s", peer, exc)
+            if ask.offers:  # after the answer: the room the files handed on leave is what they may take
+                self.on_offers(peer, ask)
 
     def stop(self, timeout_s):
         self._halt.set()

@@ -1,0 +1,155 @@
+"""Swaps: a node short of room gives the file it drops to the holder it takes a file from.
+
+Under a hard capacity a node that takes a file from its holder must make
+room before the holder's copy goes, and the room that copy leaves stays
+empty until the holder's own next fetch: the nodes together hold about a
+step's transfers less than their capacity, which at a few hundred files a
+node kept the job 4-9% above the job-wide optimum of source reads. So the
+taker sends the file it drops for the job (held for it, read again) with
+its request (``offers``), and the holder keeps it where the room for it
+costs no file the job reads sooner, such as the place of the file it just
+handed on. The taker's disk never holds more than its capacity: the
+offered bytes travel in memory. Whoever asks the taker for that file later
+is told where it went (``holders.LatestReaders.gave``).
+
+The node service calls these in its own thread: ``offered`` while it makes
+room for a request, ``pair`` as it hands the request's files to the
+holders, ``adopt`` when the server thread passes on what another node gave.
+"""
+
+import errno
+import os
+
+import numpy as np
+
+from .protocol import OFFER_MAX, write_all
+from ...cache import ABSENT, STAGED, CacheFull
+from ...sources.publish import publish
+from ... import telemetry as tm
+
+
+def offered(victims, cache, catalog, root):
+    """The victims worth giving to a holder, with their bytes, read before they are deleted.
+
+    Args:
+        victims: Files the cache lets go to make room.
+        cache: The node's ``Cache`` (its ``holders`` say what the job counts on).
+        catalog: The staged files' ``Catalog``.
+        root: The job's node-local directory.
+
+    Returns:
+        ``{index: (index, relpath, size, mtime_ns, data)}``: files this node
+        holds for the job that the job reads again, of at most ``OFFER_MAX`` bytes.
+    """
+    holders = cache.holders
+    if holders is None or not holders.swaps or not len(victims):
+        return {}
+    victims = np.asarray(victims, dtype=np.int64)
+    out = {}
+    for index in victims[cache.read_again(victims)].tolist():
+        size, rel = int(cache.sizes[index]), catalog.path(index)
+        if size > OFFER_MAX:
+            continue
+        try:
+            with open(os.path.join(root, rel), "rb") as fh:
+                data = fh.read(size + 1)
+        except OSError:
+            continue  # gone already: nothing to give
+        if len(data) == size:
+            out[index] = (index, rel, size, catalog.mtime(index), data)
+    return out
+
+
+def pair(groups, offers, holders):
+    """Gives each holder asked at most as many offered files as it is asked for.
+
+    Args:
+        groups: ``[(holder, indices)]``: the files asked of each holder.
+        offers: ``offered``'s result.
+        holders: The node's ``holders`` rule (notes where each file went).
+
+    Returns:
+        ``({holder: offers}, indices given to nobody)``.
+    """
+    pending = list(offers.values())
+    given = {}
+    for owner, indices in groups:
+        take, pending = pending[:len(indices)], pending[len(indices):]
+        if take:
+            given[owner] = tuple(take)
+            for offer in take:
+                holders.gave(offer[0], owner)
+    return given, [offer[0] for offer in pending]
+
+
+def adopt(loop, msg):
+    """Keeps what another node gave this one (an ``Adopt``) where there is room that costs nothing sooner.
+
+    Not while requests of this node wait for room (theirs comes first), nor
+    a file on its way here; a copy already here is kept for the job from now on.
+
+    Returns:
+        The indices kept.
+    """
+    cache, telemetry = loop.cache, loop.s.telemetry
+    kept = []
+    for index, rel, size, mtime_ns, data in msg.files:
+        if cache.state[index] == STAGED:
+            cache.holders.took(index)
+            ok = True
+        else:
+            ok = loop.failed is None and not loop.admitting and cache.state[index] == ABSENT and \
+                _keep(loop, index, rel, size, mtime_ns, data)
+        if ok:
+            kept.append(index)
+        # What it gave and this node could not keep is lost to the job: counted as dropped for room.
+        telemetry.record(tm.SWAPPED_IN if ok else tm.DROPPED, index, size, msg.epoch)
+    return kept
+
+
+def room_to_keep(cache, index, size):
+    """The files to remove so that the node can keep file ``index`` given to it, or None.
+
+    None where it is never read again, where there is no room, or where the
+    room would cost a file it holds for the job that the job reads sooner
+    (or at the same step: the swap would gain nothing).
+    """
+    holders = cache.holders
+    soon = holders.next_use(np.array([index]))[0]
+    if not np.isfinite(soon):
+        return None
+    try:
+        victims = cache.room_for(size)
+    except CacheFull:
+        return None
+    if victims is None:
+        return None
+    victims = np.asarray(victims, dtype=np.int64)
+    if len(victims):
+        held = holders.kept(victims)
+        if held.any() and (cache.next_use(victims[held]) <= soon).any():
+            return None
+    return victims
+
+
+def stage_given(cache, index):
+    """File ``index``, given to this node, is now published here: the node holds it for the job."""
+    cache.fetching(np.array([index], dtype=np.int64))
+    cache.staged(index)
+    cache.holders.took(index)
+
+
+def _keep(loop, index, rel, size, mtime_ns, data):
+    victims = room_to_keep(loop.cache, index, size)
+    if victims is None:
+        return False
+    loop.remove(victims)
+    try:
+        publish(loop.s.local_dir, rel, size, lambda fd: write_all(fd, data) or len(data),
+                None if mtime_ns is None else (mtime_ns, mtime_ns))
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        return False
+    stage_given(loop.cache, index)
+    return True
