@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from stager.cache import AUTO_DEPTH, MIN_DEPTH, STAGED, Cache, depth_note, fitting_depth
+from stager.cache import ABSENT, AUTO_DEPTH, MIN_DEPTH, STAGED, Cache, depth_note, fitting_depth
 from stager.config import PlanConfig, config_from_dict
 from stager.engine.peers import NO_OWNER, FirstReaders, LatestReaders, job_holders
 from stager.engine.peers.holders import HANDOFF_STEPS
@@ -83,36 +83,36 @@ def test_a_node_given_a_file_holds_it_until_its_next_reader_fetched_it():
     assert rule.moved[1] == -1
 
 
-def test_a_node_keeps_a_file_given_to_it_only_where_the_room_costs_no_file_read_sooner():
-    """``swaps.room_to_keep``: node 0 holds three files for the job (one byte each, capacity 3)."""
-    # Reads: files 0-2 by node 0 at step 0; file 3 by node 1 at step 0; later reads by node 1: file 0 at 2,
-    # file 3 at 4, file 1 at 6, file 2 at 8.
-    rows = [(0, 0, 0), (0, 0, 1), (0, 0, 2), (0, 1, 3), (2, 1, 0), (4, 1, 3), (6, 1, 1), (8, 1, 2)]
-    rule = LatestReaders(*reads(rows), me=0, count=4)
-    cache = Cache(np.ones(4, dtype=np.int64), "clairvoyant", capacity=3)
-    cache.holders = rule
-    rule.advance(1)
-    cache.state[[0, 1, 2]] = STAGED
-    cache.staged_bytes = 3
-    # File 3 is read next at 4: room for it costs file 2 (read at 8), never file 0 (read at 2).
-    assert room_to_keep(cache, 3, 1).tolist() == [2]
-    stage_given(cache, 3)
-    assert rule.kept(np.array([3])).tolist() == [True] and cache.state[3] == STAGED
-    # A file read at 7 or later would cost file 1 or 2, read no later: kept nowhere here.
-    rows[-1] = (3, 1, 2)
-    rule = LatestReaders(*reads(rows + [(9, 1, 4)]), me=0, count=5)
+def test_a_node_keeps_a_file_given_to_it_only_in_room_that_costs_no_file_it_holds_for_the_job():
+    """``swaps.room_to_keep``: node 0 (capacity 3 files of one byte) holds files 0 and 1 for the job and has a
+    copy of file 2, which node 1 read after it. A file given to it takes the copy's place; once the copy is
+    gone, the room would cost a file it holds: it is not kept, however much sooner it is read."""
+    # Reads: files 0-2 by node 0 at step 0; file 2 by node 1 at 1; file 3 by node 1 at 0, then at 4;
+    # node 1 reads file 0 at 6, file 1 at 8; file 4 by node 1 at 0 and 2.
+    rows = [(0, 0, 0), (0, 0, 1), (0, 0, 2), (0, 1, 3), (0, 1, 4), (1, 1, 2), (2, 1, 4), (4, 1, 3), (6, 1, 0),
+            (8, 1, 1)]
+    rule = LatestReaders(*reads(rows), me=0, count=5)
     cache = Cache(np.ones(5, dtype=np.int64), "clairvoyant", capacity=3)
     cache.holders = rule
     rule.advance(1)
+    rule.served(2, 1)  # node 1 fetched file 2 from here for its step 1
     cache.state[[0, 1, 2]] = STAGED
     cache.staged_bytes = 3
+    assert rule.kept(np.array([0, 1, 2])).tolist() == [True, True, False]
+    victims = room_to_keep(cache, 3, 1)
+    assert victims.tolist() == [2]
+    cache.state[2] = ABSENT
+    cache.staged_bytes = 2
+    stage_given(cache, 3)
+    assert rule.kept(np.array([3])).tolist() == [True] and cache.state[3] == STAGED
+    # Full of files it holds for the job: file 4 (read at 2, sooner than files 0 and 1) finds no room.
     assert room_to_keep(cache, 4, 1) is None
 
 
 def test_swaps_bring_the_engines_replay_near_the_job_wide_optimum_at_a_few_hundred_files_a_node():
     """4 nodes of 256 files each (1x the dataset together), batch 16, look-ahead 2: without swaps, a node
     that takes a file from its holder makes room before the holder's copy goes, and the replay read 1.058
-    and 1.060 of the optimum (``benchmarks/pooling_study.py``); giving the holder the file dropped, 1.011-1.016."""
+    and 1.060 of the optimum (``benchmarks/pooling_study.py``); giving the holder the file dropped, 1.012-1.016."""
     n, nodes = 1024, 4
     for seed in (7, 8):
         spec = PlanSpec.from_config(n, PlanConfig(batch_size=16, epochs=3, seed=seed), nodes)

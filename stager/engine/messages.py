@@ -14,8 +14,8 @@ Who sends what (the arrows of ``docs/architecture.md``):
   ``Staged`` or ``Failure``;
 - node service -> peer fetch threads (``staging.peers``): ``PeerFetch``;
   they reply ``Staged`` (saying which way the file came) or ``Failure``;
-  the peer server thread -> node service: ``Adopt`` (files another node
-  gave this one);
+  the peer server thread -> node service: ``Given`` (files another node
+  gave this one wait in ``Peers.given``: the bytes never cross the pipe);
 - coordinator -> readers: ``ReadTask``; readers -> coordinator: ``Decoded``
   or ``Failure``;
 - consumer thread -> coordinator: ``Consumed`` (and a bare wake-up).
@@ -186,6 +186,12 @@ class Adopt:
     giver: int
     epoch: int
     files: tuple
+
+
+@dataclass(frozen=True, slots=True)
+class Given:
+    """A wake-up: ``Adopt``s wait for the service in ``Peers.given`` (a message of a few bytes, so the
+    server thread never blocks on a pipe the service has stopped reading)."""
 
 
 @dataclass(frozen=True, slots=True)

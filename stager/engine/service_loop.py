@@ -21,7 +21,7 @@ import time
 import numpy as np
 
 from .dispatch import Dispatch
-from .messages import Adopt, Bye, Fail, Failure, Hello, Need, Ready, Release, Staged
+from .messages import Bye, Fail, Failure, Given, Hello, Need, Ready, Release, Staged
 from .peers import swaps
 from .readpins import ReadPins
 from .stalls import stall_failure
@@ -261,8 +261,9 @@ class ServiceLoop:
     # Prefetchers ----------------------------------------------------------
 
     def on_reply(self, msg):
-        if isinstance(msg, Adopt):  # another node gave this one files (the peer server passes them on)
-            swaps.adopt(self, msg)
+        if isinstance(msg, Given):  # other nodes gave this one files (the peer server keeps them for here)
+            for adopt in self.s.peers.take_given():
+                swaps.adopt(self, adopt)
             return
         if isinstance(msg, Failure):
             if self.failed is None:

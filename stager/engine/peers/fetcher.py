@@ -152,8 +152,10 @@ class PeerFetcher:
             thread.start()
 
     def send(self, msg):
-        """Puts ``msg`` on the pipe the service reads (from any thread)."""
+        """Puts ``msg`` on the pipe the service reads (from any thread); ``OSError`` once it is closed."""
         with self._send_lock:
+            if self._reply.closed:
+                raise OSError("the node service's pipe from the peer threads is closed")
             self._reply.send(msg)
 
     def _run(self, worker):
@@ -312,5 +314,12 @@ class PeerFetcher:
         for thread in self._threads:
             thread.join(timeout=timeout_s)
         self._deadline.close()
-        self.conn.close()
-        self._reply.close()
+        # Not while another thread sends (the server's wake-up): closing under a send makes it fail
+        # half-way. A fetch thread stuck in a send past its join is not waited for.
+        locked = self._send_lock.acquire(timeout=timeout_s)
+        try:
+            self.conn.close()
+            self._reply.close()
+        finally:
+            if locked:
+                self._send_lock.release()

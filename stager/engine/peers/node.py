@@ -11,7 +11,7 @@ from .model import RateModel
 from .ownership import NO_OWNER
 from .protocol import wait
 from .server import PeerServer
-from ..messages import Adopt, PeerFetch
+from ..messages import Adopt, Given, PeerFetch
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +48,9 @@ class Peers:
                                  lambda: holders.low, self._moved, self._offered)
         self.fetcher = PeerFetcher(comm, source, root, threads, wait_s or TIMEOUT_S)
         self.fetcher_sizes = collections.deque(maxlen=SIZES_KEPT)
+        self.given = collections.deque()  # Adopts from the server thread, for the service thread
+        self._woken = False               # a Given is on its way to the service
+        self._closing = False
 
     @property
     def conn(self):
@@ -73,11 +76,25 @@ class Peers:
         return int(self.holders.moved[index]) if self.holders.swaps else -1
 
     def _offered(self, peer, ask):
-        # The server thread's: what leader ``peer`` gave goes to the service, on the fetchers' pipe.
-        try:
-            self.fetcher.send(Adopt(peer, ask.epoch, ask.offers))
-        except (OSError, ValueError):
-            pass  # the service is gone: so is the room it could have taken
+        # The server thread's: what leader ``peer`` gave waits in ``given``; the service is woken
+        # by a message of a few bytes, at most one on its way.
+        if self._closing:
+            return  # the service is gone: so is the room it could have taken
+        self.given.append(Adopt(peer, ask.epoch, ask.offers))
+        if not self._woken:
+            self._woken = True
+            try:
+                self.fetcher.send(Given())
+            except (OSError, ValueError):
+                pass
+
+    def take_given(self):
+        """The service thread's: every ``Adopt`` waiting, oldest first."""
+        self._woken = False  # before taking: one given after this wakes the service again
+        out = []
+        while self.given:
+            out.append(self.given.popleft())
+        return out
 
     def route(self, indices, sizes, seq):
         """Splits files to fetch at step ``seq`` into ``([(holder, files)...], from the shared file system)``.
@@ -126,6 +143,7 @@ class Peers:
                 other leaders may never get here.
             timeout_s: How long threads get to end.
         """
+        self._closing = True
         self.fetcher.stop(timeout_s)
         typical = np.array([float(np.median(self.fetcher_sizes))]) if len(self.fetcher_sizes) else None
         if typical is not None and self.model.peer.count and self.model.source.count:
