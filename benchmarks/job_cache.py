@@ -16,6 +16,7 @@ files of 110 KB, batch 8, 8 nodes replayed file by file), the same capacities.
     .venv/bin/python benchmarks/job_cache.py --json docs/job-cache.json
     .venv/bin/python benchmarks/job_cache.py --nodes 4 --aggregates 0.5 1.0 --depths auto --no-scale
     .venv/bin/python benchmarks/job_cache.py --no-real --scale-files 1048576 --aggregates 0.25 0.5 1.0
+    .venv/bin/python benchmarks/job_cache.py --swaps --json docs/job-cache-swaps.json
 
 Prints a Markdown section for docs/benchmarks.md.
 """
@@ -68,7 +69,8 @@ def real_rows(opts, work):
                     body = {"dataset": {"source": mnt, "manifest": MANIFEST},
                             "plan": {"batch_size": opts.batch_size, "epochs": 3, "seed": 1},
                             "staging": {"local_dir": local, "prefetchers": opts.prefetchers, "lookahead": depth,
-                                        "peers": "partition", "capacity": capacity},
+                                        "peers": "partition", "capacity": capacity,
+                                        "peer_swaps": opts.swaps},
                             "reader": {"workers": 2}, "run": {"compute_ms": opts.compute_ms,
                                                               "state_file": os.path.join(work, "state.json")}}
                     with open(cfg_path, "w") as fh:
@@ -97,7 +99,7 @@ def scale_rows(opts):
             cfg = config_from_dict({"dataset": {"source": "/nonexistent"},
                                     "plan": {"batch_size": opts.scale_batch, "epochs": 3, "seed": 1},
                                     "staging": {"prefetchers": 8, "lookahead": depth, "peers": "partition",
-                                                "capacity": capacity},
+                                                "capacity": capacity, "peer_swaps": opts.swaps},
                                     "reader": {"workers": 2}, "run": {"compute_ms": 20}})
             sim = simulated(cfg, 1024, 4, sizes, tracked=8)
             row = {"nodes": 1024, "aggregate": aggregate, "lookahead": depth}
@@ -143,6 +145,7 @@ def main():
     ap.add_argument("--depths", nargs="+", default=list(DEPTHS), type=lambda v: v if v == "auto" else int(v),
                     help="staging.lookahead values (auto or a number)")
     ap.add_argument("--no-scale", action="store_true", help="leave out the 1,024-node simulation")
+    ap.add_argument("--swaps", action="store_true", help="staging.peer_swaps: true")
     ap.add_argument("--no-real", action="store_true", help="leave out the real runs")
     opts = ap.parse_args()
     real, total = [], None

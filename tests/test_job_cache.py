@@ -103,12 +103,15 @@ def test_at_30_percent_a_node_with_auto_look_ahead_each_file_is_read_once_in_the
     assert_nothing_left(tmp_path, job)
 
 
-def test_at_20_percent_a_node_the_source_reads_follow_the_simulator_and_stay_near_the_job_wide_optimum(tmp_path):
+@pytest.mark.parametrize("swaps", [False, True])
+def test_at_20_percent_a_node_the_source_reads_follow_the_simulator_and_stay_near_the_job_wide_optimum(tmp_path,
+                                                                                                        swaps):
     """The nodes hold 0.8x the dataset together: some files must be read again. A real run reads what the
-    simulator's replay of the same policy predicts, and within 5% of the job-wide optimum."""
+    simulator's replay of the same policy predicts, and within 5% of the job-wide optimum; with
+    ``staging.peer_swaps``, nodes short of room gave their holders what they dropped."""
     job = write_job(tmp_path, TIGHT_SAMPLES)
     catalog, cap = capacity(tmp_path, 0.20)
-    sets = [f"staging.capacity={cap}"]
+    sets = [f"staging.capacity={cap}", f"staging.peer_swaps={str(swaps).lower()}"]
     reads, report, _ = run(tmp_path, job, "tight", *sets)
     check_plan_order(catalog, reads)
     real = report["reads"]["source"]["files"]
@@ -116,9 +119,8 @@ def test_at_20_percent_a_node_the_source_reads_follow_the_simulator_and_stay_nea
     predicted, best = result["methods"]["stager"]["source_files"], result["optimum"]["files"]
     assert TIGHT_SAMPLES < best <= predicted and best <= real
     assert abs(real - predicted) <= 0.05 * predicted, (real, predicted, best)
-    # Here: the replay 1.002 of the optimum, a real run 1.007 (1.017 before swaps).
+    # Here: the replay 1.012 of the optimum and real runs 1.017; with swaps 1.002 and 1.007.
     assert real <= 1.05 * best, (real, predicted, best)
-    # A node short of room gave the holder it took from the file it dropped (engine.peers.swaps).
-    swapped = report["reads"]["swapped"]["files"]
-    assert 0 < swapped <= sum(e["files_swapped_out"] for e in report["cache"]), report["reads"]
+    swapped, given = report["reads"]["swapped"]["files"], sum(e["files_swapped_out"] for e in report["cache"])
+    assert (0 < swapped <= given) if swaps else swapped == given == 0, report["reads"]
     assert_nothing_left(tmp_path, job)

@@ -218,6 +218,14 @@ class StagingConfig:
             those reads); ``measured``, when the measured rates say a peer
             is faster than the source (a source that looks fast to one node
             may still be loaded by every other).
+        peer_swaps: With peers and a bounded capacity, a node that drops a
+            file it holds for the job to make room for one it takes from a
+            holder gives that holder the dropped file (in the place of the
+            copy it hands on), so the nodes read the shared file system
+            nearer the job-wide optimum where they hold less than about
+            1.2x the dataset together. It moves up to a file between nodes
+            per file fetched and sends some reads on to where a file went:
+            off by default.
         stall_timeout_s: Seconds a prefetcher may wait for one file (an
             open or read that does not return: a hung file system) before
             the job fails, naming the file and the prefetcher; 0 waits
@@ -254,6 +262,7 @@ class StagingConfig:
     cache_policy: str = choice_field("auto", policies)
     peers: str = choice_field("off", ("off", "partition"))
     peer_choice: str = choice_field("holder", ("holder", "measured"))
+    peer_swaps: bool = False
     stall_timeout_s: float = 300.0
     verify: str = choice_field("size", verify_modes)
     share: Optional[str] = None

@@ -175,7 +175,8 @@ class Startup:
             peers = None
             if peer_link is not None:
                 peers = node_peers(peer_link, spec, self.catalog, source, path, self._staging.prefetchers,
-                                   self.stats.telemetry, self._staging.peer_choice, self._staging.stall_timeout_s)
+                                   self.stats.telemetry, self._staging.peer_choice, self._staging.stall_timeout_s,
+                                   self._staging.peer_swaps)
                 peers.keep_in(cache)
             ch.service = StagingService(self._staging, self._processes, self.catalog, source, path, ranks - 1,
                                         self.stats.telemetry, cache, self._on_staged, self._jobdir.keep_open(),

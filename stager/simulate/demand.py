@@ -268,7 +268,7 @@ def _hand_on(rules, listed, seq, tracked, replays, holders, kept_given):
 
 
 def node_demand(sizes, spec, nodes, ranks_per_node, tracked=None, capacity=None, policy="auto", ahead=16,
-                peers=False, to_files=None):
+                peers=False, to_files=None, swaps=False):
     """Each tracked node's reads per step, from the plan and the engine's cache.
 
     Args:
@@ -282,6 +282,7 @@ def node_demand(sizes, spec, nodes, ranks_per_node, tracked=None, capacity=None,
         ahead: Minibatches each rank asks for past its reading.
         peers: ``staging.peers: partition``.
         to_files: Maps samples to the files holding them, or None.
+        swaps: ``staging.peer_swaps``.
 
     Returns:
         A ``Demand``.
@@ -292,6 +293,9 @@ def node_demand(sizes, spec, nodes, ranks_per_node, tracked=None, capacity=None,
     replays = {n: NodeReplay(sizes, spec, range(n * ranks_per_node, (n + 1) * ranks_per_node), capacity, policy,
                              ahead, to_files, None if rules is None else rules[n]) for n in range(tracked)}
     latest = rules is not None and isinstance(rules[0], LatestReaders)
+    for rule in rules or ():
+        rule.swaps = rule.swaps and swaps
+    swapping = latest and swaps
     holders = None
     if rules is not None:
         holders = _HeldShare(rules, len(sizes)) if latest else _Holders(rules[0].owners, replays)
@@ -317,7 +321,7 @@ def node_demand(sizes, spec, nodes, ranks_per_node, tracked=None, capacity=None,
             if rules is not None and len(fetched):
                 plan = owner = rules[n].holder(fetched, seq, n)
                 given = mine = np.zeros(len(fetched), dtype=bool)
-                if latest:
+                if swapping:
                     mine = rules[n].moved[fetched] >= 0  # given away by this node itself: not its holder's doing
                     owner, given = asked_of(rules, n, fetched, owner)
                     rules[n].moved[fetched] = -1  # here again (the engine's ``fetching``)
@@ -338,7 +342,7 @@ def node_demand(sizes, spec, nodes, ranks_per_node, tracked=None, capacity=None,
                         from_peer[i] = holders.held(np.array([f]))[0]
                     if by_age and plan[i] in replays and not mine[i]:
                         holders.asked(f, int(plan[i]), seq, from_peer[i])  # the file there, or where it was given
-                if latest:
+                if swapping:
                     give(replays, rules, n, np.concatenate(dropped), owner, sizes, kept_given)
             this_step.append((n, fetched, local, from_peer, untracked, len(minibatches[0].indices)))
         if listed is not None and tracked < nodes:

@@ -124,7 +124,8 @@ def simulate(cfg, profile, layout, sizes, to_files=None, containers=None, method
         key = (cap, peers)
         if key not in demands:
             demands[key] = node_demand(sizes, spec, layout.nodes, layout.ranks_per_node, layout.tracked, cap,
-                                       staging.cache_policy if cap is not None else "auto", ahead, peers, to_files)
+                                       staging.cache_policy if cap is not None else "auto", ahead, peers, to_files,
+                                       staging.peer_swaps)
         return demands[key]
 
     peers = staging.peers == "partition"

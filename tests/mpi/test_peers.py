@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 
 from stager import telemetry as tm
-from stager.engine.messages import PeerFetch, Staged
+from stager.engine.messages import Given, PeerFetch, Staged
+from stager.engine.peers import FirstReaders, Peers
 from stager.engine.peers.fetcher import PeerFetcher
-from stager.engine.peers.protocol import CHUNK
+from stager.engine.peers.protocol import CHUNK, Ask
 from stager.engine.peers.server import PeerServer
 from stager.sources import open_source
 from stager.telemetry import Telemetry
@@ -106,6 +107,30 @@ def test_files_dropped_for_room_ride_with_the_request_to_the_holder_after_its_an
                                on_offers=lambda peer, ask: got.append(("offers", peer, ask.offers)))
     assert got == [("served", 0), ("offers", 0, (offer,))], "offered once, after the file asked for was sent"
     assert [(m.route, m.done) for m in replies] == [("peer", [(0, files["small.bin"])])]
+
+
+def test_files_given_wait_for_the_service_and_never_block_the_server(comm, dirs):
+    """What other nodes give stays in the leader's memory: the server thread only wakes the service with
+    a message of a few bytes, at most one on its way, so it never blocks on a pipe the service has stopped
+    reading (megabytes given at the end of a job did, and the job hung); once closing, gifts are dropped."""
+    source, _, requester, _ = dirs
+    peers = Peers(comm, FirstReaders(np.zeros(4, dtype=np.int32), 0), open_source(str(source)), str(requester), 1,
+                  Telemetry())
+    peers.start()
+    offer = (3, "given.bin", CHUNK, None, bytes(CHUNK))
+    for _ in range(100):  # 100 MiB given, nobody reading
+        peers._offered(0, Ask([], 1, 0, offers=(offer,)))
+    assert peers.conn.poll(5) and isinstance(peers.conn.recv(), Given)
+    assert not peers.conn.poll(0.1), "one wake-up for all of them"
+    taken = peers.take_given()
+    assert len(taken) == 100 and all(a.giver == 0 and a.files == (offer,) for a in taken)
+    peers._offered(0, Ask([], 1, 0, offers=(offer,)))
+    assert peers.conn.poll(5) and isinstance(peers.conn.recv(), Given), "taken: the next gift wakes it again"
+    peers.close(0, 5)
+    peers._offered(0, Ask([], 1, 0, offers=(offer,)))  # the server answers to the end; the service is gone
+    assert len(peers.take_given()) == 1
+    with pytest.raises(OSError):
+        peers.fetcher.send(Given())
 
 
 def test_a_holder_that_gave_the_file_away_names_the_node_it_went_to(comm, dirs):

@@ -22,7 +22,7 @@ __all__ = ["FirstReaders", "LatestReaders", "NO_OWNER", "Peers", "first_epoch_ow
            "leader_of_rank", "node_peers"]
 
 
-def node_peers(link, spec, catalog, source, root, threads, telemetry, choice="holder", wait_s=0.0):
+def node_peers(link, spec, catalog, source, root, threads, telemetry, choice="holder", wait_s=0.0, swaps=False):
     """The node leader's ``Peers``.
 
     Args:
@@ -35,8 +35,11 @@ def node_peers(link, spec, catalog, source, root, threads, telemetry, choice="ho
         telemetry: The leader pipeline's ``Telemetry``.
         choice: ``staging.peer_choice``.
         wait_s: ``staging.stall_timeout_s``: how long a holder may take.
+        swaps: ``staging.peer_swaps``: give a holder the file dropped to make
+            room for one taken from it (``swaps.py``).
     """
     comm, node_of_rank = link
     holders = job_holders(spec, len(catalog.files), leader_of_rank(node_of_rank), comm.Get_rank(),
                           catalog.file_index)
+    holders.swaps = holders.swaps and swaps
     return Peers(comm, holders, source, root, threads, telemetry, choice, wait_s)
