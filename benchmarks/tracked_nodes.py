@@ -1,7 +1,7 @@
 """How well a few tracked nodes stand for all of them in ``stager simulate``'s replay with peers.
 
 ``node_demand`` replays ``tracked`` nodes' caches file by file and estimates
-whether an untracked holder still has a file (``simulate.demand._HeldShare``).
+whether an untracked holder still has a file (``simulate.held.HeldShare``).
 This replays the same jobs with every node tracked (nothing estimated) and
 with a few, files of one size, batch 8 a rank, 3 epochs, a look-ahead of
 2, ``staging.peers: partition``, and prints the source reads of each beside

@@ -12,15 +12,11 @@ as the engine's does), and from the source once the holder has dropped it.
 Only ``tracked`` nodes are replayed; the others are exchangeable with them
 (every node's share of a random permutation looks alike), so node ``n`` is
 simulated with the demand of tracked node ``n mod K``. With every node
-tracked, nothing is estimated and holders follow the engine's rule (the
-last node to read a file holds it, and a node short of room gives what it
-drops to the holder it takes a file from, ``engine.peers.swaps``). With
-fewer, the rule is the same, and whether a file given to an untracked node
-is still there is estimated by the share of the files given to tracked
-nodes that were (``gifts.GivenShare``); and
-whether an untracked holder still has a file is estimated from what the
-tracked holders had when asked, by how long before they had read the file
-(``_HeldShare``). Where the job's reads are too many to list, files are
+tracked, nothing is estimated and holders follow the engine's rule (and,
+with ``staging.peer_swaps``, its swaps: ``gifts.py``). With fewer, whether
+an untracked holder still has a file is estimated from what the tracked
+holders had when asked, by how long before they had read it
+(``held.HeldShare``). Where the job's reads are too many to list, files are
 held by their first-epoch readers (``FirstReaders``), and an untracked owner
 is taken to have dropped the share of its files the tracked owners dropped,
 from the highest indices down, as the clairvoyant policy's tie rule does.
@@ -36,6 +32,7 @@ from ..engine.peers.ownership import NO_OWNER, first_epoch_owners
 from ..model.misses import NodeReplay
 from ..plan import job_reads, read_at
 from .gifts import GivenShare, asked_of, give
+from .held import HeldShare, OwnersHeld
 
 # Ownership is evaluated rank by rank (the engine's own function) up to this
 # many ranks; beyond it, from the inverse of the first epoch's permutation in
@@ -113,116 +110,6 @@ def owners(spec, files, nodes, ranks_per_node, to_files=None, exact_ranks=EXACT_
     return out
 
 
-class _Holders:
-    """Whether a file's owner still holds it, for owners that are tracked (exactly) or not (estimated)."""
-
-    def __init__(self, owner, replays):
-        self.owner, self.replays = owner, replays
-        self.gone_share = 0.0
-        files = len(owner)
-        order = np.lexsort((np.arange(files), owner))  # by owner, then by index
-        counts = np.bincount(owner[owner >= 0], minlength=max(int(owner.max()) + 1, 1)) if files else np.zeros(1, int)
-        starts = np.concatenate([[0], np.cumsum(counts)])
-        rank = np.empty(files, dtype=np.float64)
-        valid = order[owner[order] >= 0]
-        pos = np.arange(len(valid)) - starts[owner[valid]]
-        rank[valid] = (pos + 0.5) / counts[owner[valid]]  # place among its owner's files, by index, in (0, 1)
-        self.place = rank
-
-    def update(self):
-        """The share of their owned files that the tracked nodes have dropped by now."""
-        owned = gone = 0
-        for node, replay in self.replays.items():
-            cache = replay.cache
-            mine = self.owner == node
-            owned += int(mine.sum())
-            gone += int((mine & (cache.admitted_at > 0) & (cache.state == ABSENT)).sum())
-        self.gone_share = gone / owned if owned else 0.0
-
-    def held(self, files):
-        """Per file, whether its owner holds it (or will: it has not staged it yet)."""
-        out = np.empty(len(files), dtype=bool)
-        for i, f in enumerate(files.tolist()):
-            replay = self.replays.get(int(self.owner[f]))
-            if replay is None:
-                out[i] = self.place[f] < 1.0 - self.gone_share
-            else:
-                cache = replay.cache
-                out[i] = cache.state[f] != ABSENT or cache.admitted_at[f] == 0
-        return out
-
-
-class _HeldShare:
-    """Whether an untracked node still has a file it holds for the job (``LatestReaders``), estimated.
-
-    Nodes are exchangeable, so the untracked holders keep what the tracked
-    ones keep. What a holder still has when asked depends on how long ago it
-    read the file: the clairvoyant policy keeps what the job reads again
-    soonest, so a file asked for two steps after its holder read it is
-    likelier there than one asked for an epoch after. So every ask of a
-    tracked holder (by a tracked node, or handed on to an untracked one) is
-    counted by that age (quarter octaves of steps), with whether the holder
-    had the file; the share at each age stands for every holder's, and a
-    fixed pseudo-random place per file says which files that share is. (One
-    share for all ages, from the files the tracked nodes hold, put 1,024
-    nodes at a quarter of their share below the job-wide optimum.)
-
-    The share at an age changes within an epoch: early in one, a holder
-    still has much of what it read late in the last, and less as the
-    epoch goes on. So each step's asks weigh ``1 / RECENT`` times the
-    step before's: counted over the whole run, the early asks held the
-    share up, and 1,024 nodes of 32 steps an epoch at a quarter of their
-    share read 19% less than the optimum in their second epoch.
-
-    Args:
-        rules: Per tracked node, its ``LatestReaders``.
-        files: Files in the catalog.
-    """
-
-    BINS = 4  # age bins per octave of steps
-    RECENT = 0.5  # weight of a step's asks in the next step's share
-
-    def __init__(self, rules, files):
-        self.rule = rules[0]
-        self.place = (np.arange(files) * 0.6180339887498949) % 1.0
-        self.asks = np.zeros(1)  # per age bin: asks of tracked holders, recent steps weighing more
-        self.hits = np.zeros(1)  # ... that found the file there
-        self.share = np.ones(1)
-
-    def _age_bin(self, file, holder, seq):
-        """The bin of the steps since ``holder`` read ``file`` before ``seq`` (0: it has not)."""
-        keys, nodes = self.rule.keys, self.rule.nodes
-        pos = int(np.searchsorted(keys, (file << 32) | (seq + 1))) - 1
-        while pos >= 0 and keys[pos] >> 32 == file and nodes[pos] != holder:
-            pos -= 1
-        if pos < 0 or keys[pos] >> 32 != file:
-            return 0
-        return int(np.log2(max(seq - int(keys[pos] & 0xFFFFFFFF), 0) + 1.0) * self.BINS)
-
-    def asked(self, file, holder, seq, held):
-        """Tracked ``holder`` was asked for ``file`` at step ``seq``; ``held``: it had it (or will)."""
-        b = self._age_bin(file, holder, seq)
-        if b >= len(self.asks):
-            grow = np.zeros(b + 1 - len(self.asks))
-            self.asks, self.hits = np.concatenate([self.asks, grow]), np.concatenate([self.hits, grow])
-        self.asks[b] += 1
-        self.hits[b] += bool(held)
-
-    def update(self):
-        # An age no tracked holder was asked at yet takes the share of the nearest younger one that was.
-        share, last = np.ones(len(self.asks)), 1.0
-        for b, (n, h) in enumerate(zip(self.asks.tolist(), self.hits.tolist())):
-            last = share[b] = h / n if n else last
-        self.share = share
-        self.asks *= self.RECENT
-        self.hits *= self.RECENT
-
-    def held(self, file, holder, seq):
-        """Whether untracked ``holder`` still has ``file`` for step ``seq``."""
-        b = self._age_bin(file, holder, seq)
-        return bool(self.place[file] < self.share[min(b, len(self.share) - 1)])
-
-
 def _rules(spec, files, nodes, ranks_per_node, to_files, tracked):
     """Per tracked node, its holders' rule: the engine's (``LatestReaders``) where the job's reads can be listed.
 
@@ -241,12 +128,10 @@ def _rules(spec, files, nodes, ranks_per_node, to_files, tracked):
 def _hand_on(rules, listed, seq, tracked, replays, holders, kept_given):
     """Untracked nodes read their step ``seq``: tracked holders hand them what they hold for them.
 
-    Whether each holder still had the file (or the node it gave the file
-    to: for an untracked one, as ``kept_given`` estimates) is counted by
-    ``holders`` (``_HeldShare``): the untracked holders' estimate. What the
-    untracked nodes would give the tracked holders is left out: with it,
-    taken as what their tracked twins dropped, the estimate fell 7% below
-    replaying every node (and below the optimum) at half of each node's share.
+    Whether each holder still had the file (or the node it gave it to, as
+    ``kept_given`` estimates) is counted by ``holders`` (``held.HeldShare``):
+    the untracked holders' estimate. What untracked nodes would give is
+    left out (``gifts.py`` says why).
     """
     steps, node, read = listed
     lo, hi = np.searchsorted(steps, [seq, seq + 1])
@@ -298,7 +183,7 @@ def node_demand(sizes, spec, nodes, ranks_per_node, tracked=None, capacity=None,
     swapping = latest and swaps
     holders = None
     if rules is not None:
-        holders = _HeldShare(rules, len(sizes)) if latest else _Holders(rules[0].owners, replays)
+        holders = HeldShare(rules, len(sizes)) if latest else OwnersHeld(rules[0].owners, replays)
     by_age = latest and tracked < nodes
     kept_given = GivenShare(len(sizes))
     rows = {n: [] for n in range(tracked)}

@@ -5,6 +5,9 @@ the holders it takes from as the engine does (``give``, ``adopt``), and
 asks for a file where it was given (``asked_of``). A file given to an
 untracked node is estimated to be there by the share of the files given to
 tracked holders that were still there when next read (``GivenShare``).
+What untracked nodes would give tracked holders is left out: taken as what
+their tracked twins dropped, it put the estimate 7% below replaying every
+node (below the optimum) at half of each node's share; left out, 1.8% above.
 """
 
 import numpy as np
