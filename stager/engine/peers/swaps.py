@@ -8,9 +8,11 @@ node kept the job 4-9% above the job-wide optimum of source reads. So the
 taker sends the file it drops for the job (held for it, read again) with
 its request (``offers``), and the holder keeps it where the room for it
 costs no file it holds for the job: free room, or the place of a copy such
-as the one it just handed on. The taker's disk never holds more than its capacity: the
-offered bytes travel in memory. Whoever asks the taker for that file later
-is told where it went (``holders.LatestReaders.gave``).
+as the one it just handed on. The taker's disk never holds more than its
+capacity: the offered bytes travel in memory. Whoever asks the taker for
+that file later is told where it went (``holders.LatestReaders.gave``).
+With ``staging.peer_swaps: true`` only (``holders.swaps``): it moves files
+between nodes and sends reads on, which cost time here.
 
 The node service calls these in its own thread: ``offered`` while it makes
 room for a request, ``pair`` as it hands the request's files to the
