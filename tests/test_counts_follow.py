@@ -165,7 +165,7 @@ def test_counts_timeline_is_in_the_report(tmp_path, halves):
             report = pipeline_report(pipe, cfg, str(tmp_path / "r.json"))
     rows = report["counts_timeline"]
     assert rows[0]["t"] == 0.0 and rows[0]["readers"] == 1 and rows[0]["in_flight"] == 1
-    assert all(set(r) == {"t", "prefetchers", "in_flight", "readers"} for r in rows)
+    assert all(set(r) == {"t", "prefetchers", "in_flight", "readers", "lookahead"} for r in rows)
     assert [r["t"] for r in rows] == sorted(r["t"] for r in rows)
     assert {r["readers"] for r in rows} == {1}, "fixed readers never change"
     assert len(rows) > 1 and len({r["prefetchers"] for r in rows}) > 1

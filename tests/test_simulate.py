@@ -364,7 +364,7 @@ def test_a_source_whose_latency_changes_is_simulated_and_auto_follows_it():
     # The engine's own tuner, replayed: more prefetchers once opens take 30 ms.
     assert max(r["prefetchers"] for r in timeline if r["t"] >= 3.0) > start
     held = _slowing_source(start)
-    assert held["counts_timeline"] == [{"t": 0.0, "prefetchers": start, "in_flight": 1, "readers": 2}]
+    assert held["counts_timeline"] == [{"t": 0.0, "prefetchers": start, "in_flight": 1, "readers": 2, "lookahead": 4}]
     # Held at the start's count, the slow phase takes longer (simulated time: no machine noise).
     assert auto["seconds"] < held["seconds"]
     # The same job on a source that never slows is quicker than either.
@@ -395,3 +395,22 @@ def test_latency_changes_are_checked(changes, message):
 def test_the_latency_in_force_is_the_last_change_begun():
     fs = profile_from_dict({"filesystem": {"open_ms": 2.0, "open_ms_changes": [[3.0, 30.0], [8.0, 1.0]]}}).filesystem
     assert [fs.open_ms_at(t) for t in (0.0, 2.99, 3.0, 7.9, 8.0, 100.0)] == [2.0, 2.0, 30.0, 30.0, 1.0, 1.0]
+
+
+def _one_file_a_minibatch(lookahead):
+    """One epoch of 480 files, one a minibatch, 24 prefetchers, 400 ms an open, 10 ms a step."""
+    cfg = config_from_dict({"dataset": {"source": "/nonexistent", "manifest": "m.tsv"},
+                            "plan": {"batch_size": 1, "epochs": 1, "seed": 1},
+                            "staging": {"prefetchers": 24, "lookahead": lookahead},
+                            "reader": {"workers": 2}, "run": {"compute_ms": 10}})
+    profile = profile_from_dict({"filesystem": {"open_ms": 400.0}, "node": {"cores": 16}, "costs": {"read_ms": 0.5}})
+    return simulate(cfg, profile, Layout(1), np.full(480, 4096))["methods"]["stager"]
+
+
+def test_the_simulated_auto_look_ahead_deepens_as_the_engine_does_where_prefetchers_idle():
+    deep, fixed = _one_file_a_minibatch("auto"), _one_file_a_minibatch(16)
+    depths = [row["lookahead"] for row in deep["counts_timeline"]]
+    assert depths[0] == 16 and max(depths) > 24  # past the prefetchers: each holds a file of its own
+    assert [row["lookahead"] for row in fixed["counts_timeline"]] == [16]
+    # 16 files in flight against 24 prefetchers: the fixed depth leaves a third of them idle (simulated time).
+    assert deep["seconds"] < 0.8 * fixed["seconds"]

@@ -8,12 +8,21 @@ the others; without, the ones its own ranks read next epoch. ``auto`` is
 the deepest look-ahead that leaves room for the node's share of the
 dataset beside it, between ``MIN_DEPTH`` and ``AUTO_DEPTH`` minibatches;
 with room to spare (or no capacity), ``AUTO_DEPTH``.
+
+While running, ``auto`` may go deeper, up to ``MAX_DEPTH`` where the room
+allows it (``fitting_depth(..., most=MAX_DEPTH)``): as deep as Little's law
+says a minibatch must be asked for ahead so that it is staged when its turn
+comes (``needed_depth``: the time its files take to fetch over the time the
+training takes a step; ``engine.deepening`` measures both).
 """
+
+import math
 
 from .capacity import human
 
 AUTO_DEPTH = 16  # minibatches: the depth where room is no concern (the former default)
 MIN_DEPTH = 2    # one minibatch being read and the next being staged
+MAX_DEPTH = 64   # the deepest ``auto`` grows to while running, where the source's latency needs it
 
 
 def lookahead_depth(configured):
@@ -21,7 +30,7 @@ def lookahead_depth(configured):
     return AUTO_DEPTH if configured == "auto" else int(configured)
 
 
-def fitting_depth(capacity, total_bytes, files, batch_size, ranks, share):
+def fitting_depth(capacity, total_bytes, files, batch_size, ranks, share, most=AUTO_DEPTH):
     """The deepest look-ahead that leaves the node room for its share of the dataset.
 
     Args:
@@ -30,17 +39,36 @@ def fitting_depth(capacity, total_bytes, files, batch_size, ranks, share):
         batch_size: Samples per minibatch on one rank (one file each).
         ranks: Ranks of the node.
         share: The part of the dataset the node holds for the job (its ranks over all ranks).
+        most: The deepest it may be (``AUTO_DEPTH`` at start, ``MAX_DEPTH`` while running).
 
     Returns:
         ``(depth, keep)``: minibatches (at least ``MIN_DEPTH``, at most
-        ``AUTO_DEPTH``), and the bytes the node keeps for the job.
+        ``most``), and the bytes the node keeps for the job.
     """
     keep = int(total_bytes * share)
     if capacity is None or not files:
-        return AUTO_DEPTH, keep
+        return most, keep
     step = ranks * batch_size * total_bytes / files  # one minibatch of each of the node's ranks, files of mean size
-    fits = int((capacity - keep) // step) if step else AUTO_DEPTH
-    return max(MIN_DEPTH, min(AUTO_DEPTH, fits)), keep
+    fits = int((capacity - keep) // step) if step else most
+    return max(MIN_DEPTH, min(most, fits)), keep
+
+
+def needed_depth(span_s, step_s):
+    """Minibatches to ask for ahead so that one asked now is staged by its turn (Little's law).
+
+    Args:
+        span_s: Seconds the node takes to stage a minibatch's files once
+            they are handed out (its prefetchers' longest task).
+        step_s: Seconds the training takes per minibatch, its waits left out.
+
+    Returns:
+        Minibatches (at least ``MIN_DEPTH``): the steps one fetch lasts,
+        and the one being read; ``MAX_DEPTH`` for a training that does not
+        wait on anything but its data.
+    """
+    if step_s <= 0:
+        return MAX_DEPTH
+    return max(MIN_DEPTH, math.ceil(span_s / step_s) + 1)
 
 
 def depth_note(configured, depth, capacity, keep, step_bytes):

@@ -181,8 +181,11 @@ class StagingConfig:
             ``auto``: 16, cut where the node's capacity is tight to the
             deepest look-ahead (at least 2) that leaves room beside it for
             the node's share of the dataset, the files the job reads again
-            (said in the run's first lines). A fixed depth that takes that
-            room is warned about at start, with the bytes it costs.
+            (said in the run's first lines); while running, deeper (up to
+            64, room allowing) where the measured fetch time over the
+            training's step needs it and prefetchers stand idle. A fixed
+            depth that takes that room is warned about at start, with the
+            bytes it costs.
         files_per_task: Files a prefetcher copies per task; 0 = a
             minibatch's missing files spread over all prefetchers, so the
             first minibatch is ready after a few opens, not a whole batch.

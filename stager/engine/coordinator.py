@@ -153,9 +153,12 @@ class Coordinator:
         telemetry: The pipeline's ``Telemetry``.
         lookahead: Minibatches asked for past the consumer's position.
         read_ahead: Minibatches handed to readers past the consumer's position.
+        deepening: With ``staging.lookahead: auto`` and room to go deeper,
+            the ``deepening.Deepening`` that moves ``lookahead`` as the
+            measured rates need; else None.
     """
 
-    def __init__(self, channels, plan, catalog, telemetry, lookahead, read_ahead):
+    def __init__(self, channels, plan, catalog, telemetry, lookahead, read_ahead, deepening=None):
         self.ch = channels
         self.plan = plan
         self.catalog = catalog
@@ -163,6 +166,7 @@ class Coordinator:
         self.staging = channels.client is not None
         self.lookahead = max(lookahead, read_ahead) if self.staging else read_ahead
         self.read_ahead = read_ahead
+        self.deepening = deepening
         self.batches = {}       # seq -> Minibatch, from request until delivered
         self.times = {}         # seq -> BatchTimes
         self.staged = set()     # seqs whose files are all local
@@ -318,6 +322,8 @@ class Coordinator:
         if isinstance(msg, Ready):
             self.times[msg.seq].prefetch = msg.seconds
             telemetry.record(tm.READY, msg.seq, 0, msg.seconds)
+            if self.deepening is not None:
+                self.deepening.staged(msg.span, msg.spare)
             if msg.group is not None:
                 telemetry.record(tm.GROUP, tm.GROUP_FETCHED, msg.group[2], msg.group[3])
                 if msg.group[0]:
@@ -338,6 +344,8 @@ class Coordinator:
             self.deliver(msg.seq, msg.samples, msg.seconds)
         elif isinstance(msg, Consumed):
             self.consumed = max(self.consumed, msg.seq + 1)
+            if self.deepening is not None and not self.exhausted:  # at the plan's end the prefetchers idle anyway
+                self.lookahead = max(self.deepening.consumed(time.monotonic(), msg.stall), self.read_ahead)
         elif isinstance(msg, Failure):
             self.ch.out.put(msg.to_error())
             return True

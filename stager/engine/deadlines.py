@@ -32,6 +32,11 @@ class DeadlineQueue:
     def __len__(self):
         return len(self._heap)
 
+    @property
+    def handed_out(self):
+        """Tasks on the pool's queue or being fetched."""
+        return len(self._queued)
+
     def push(self, deadline, task_id, task):
         """Keeps ``task`` (id ``task_id``) until a prefetcher is about to be free."""
         heapq.heappush(self._heap, (deadline if self._by_deadline else 0, self._arrival, task_id, task))

@@ -117,8 +117,21 @@ class Dispatch:
         self.deadlines.feed(self.s.pool.size)
 
     def seconds(self, request):
-        """The prefetchers' time on ``request``'s tasks, forgotten once asked."""
-        return sum(self.task_time.pop(t, None) or 0.0 for t in request.tasks)
+        """``(seconds, span)`` of ``request``'s tasks, forgotten once asked.
+
+        ``seconds``: the prefetchers' (and peer fetchers') time on them;
+        ``span``: how long they take once handed out, their work spread over
+        the prefetchers: the longest task, or their total over the pool.
+        """
+        times = [self.task_time.pop(t, None) or 0.0 for t in request.tasks]
+        total = sum(times)
+        return total, max(max(times, default=0.0), total / max(1, self.s.pool.size))
+
+    def spare(self):
+        """Whether a prefetcher could take more: no task waits, and fewer are handed out than the pool
+        works on at once (one task a prefetcher; two with fetch threads, as many as ``feed`` hands out)."""
+        at_once = self.s.pool.size * (2 if getattr(self.s.source, "concurrency", 1) > 1 else 1)
+        return not len(self.deadlines) and self.deadlines.handed_out < at_once
 
     def forget(self, request):
         """``request``'s tasks' times, no longer to be asked for (it was read, or its client left)."""

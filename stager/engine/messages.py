@@ -125,11 +125,17 @@ class Ready:
     ``group``, in a shared group (``staging.share``): ``(files, bytes)`` of
     the minibatch that another job had staged (or was staging), then
     ``(files, bytes)`` this request fetched from the source; None alone.
+    ``span``: how long its fetches took once handed out (``Dispatch.seconds``;
+    0 when nothing was fetched), what a look-ahead must hide; ``spare``: a
+    prefetcher had nothing to do when it was answered (a deeper look-ahead
+    would give it work).
     """
 
     seq: int
     seconds: float
     group: Optional[Tuple[int, int, int, int]] = None
+    span: float = 0.0
+    spare: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,9 +250,10 @@ class Decoded:
 
 @dataclass(frozen=True, slots=True)
 class Consumed:
-    """The consumer took minibatch ``seq``."""
+    """The consumer took minibatch ``seq``, after waiting ``stall`` seconds for it."""
 
     seq: int
+    stall: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -76,6 +76,7 @@ class Pipeline(Startup):
         self._world_cfg = config.world
         self._auto = None  # with an auto count, the probe's model.Rates (after start)
         self._in_flight = 1  # files each prefetcher fetches at once (the source's, after start)
+        self._deepest = 0  # with staging.lookahead auto, the deepest the node's room allows (after start)
         self.world = world
         self.catalog = catalog
         self.stats = Stats()
@@ -114,17 +115,21 @@ class Pipeline(Startup):
         return self._in_flight
 
     def counts_timeline(self):
-        """The counts as they started and after each change: ``[{"t", "prefetchers", "in_flight", "readers"}]``.
+        """The counts as they started and after each change:
+        ``[{"t", "prefetchers", "in_flight", "readers", "lookahead"}]``.
 
         ``t`` is seconds since the pipeline started. Prefetchers are the node's
         (0 with staging off); their changes are seen on the node's leader.
+        ``lookahead``: minibatches this rank asks for ahead (``auto`` goes
+        deeper where the source's latency needs it; 0 with staging off).
         """
         prefetchers, readers = self.counts
         row = {"t": 0.0, "prefetchers": prefetchers if self._staging.enabled else 0, "in_flight": self._in_flight,
-               "readers": readers}
+               "readers": readers, "lookahead": self._ahead() if self._staging.enabled else 0}
         rows = [dict(row)]
+        names = {autocounts.PREFETCH: "prefetchers", autocounts.READ: "readers", tm.POOL_LOOKAHEAD: "lookahead"}
         for t, _, stage, size, _ in self.stats.telemetry.events([tm.RESIZED]):
-            row.update({"t": round(t, 4), "prefetchers" if stage == autocounts.PREFETCH else "readers": size})
+            row.update({"t": round(t, 4), names[stage]: size})
             rows.append(dict(row))
         return rows
 
@@ -289,7 +294,7 @@ class Pipeline(Startup):
             self._shutdown(wait_for_peers=False, error=item)
             raise item
         seq, batch = item
-        ch.wake.notify(Consumed(seq))
+        ch.wake.notify(Consumed(seq, stall))
         batch.times.stall = stall
         self.stats.telemetry.record(tm.CONSUMED, seq, len(batch.samples), stall)
         return batch

@@ -344,11 +344,11 @@ class ServiceLoop:
 
     def answer(self, request):
         request.answered = True
-        self.send(request.conn, self.ready(request, self.dispatch.seconds(request)))
+        self.send(request.conn, self.ready(request, *self.dispatch.seconds(request)))
 
-    def ready(self, request, seconds):
+    def ready(self, request, seconds, span):
         """The answer to a request whose files are all local."""
-        return Ready(request.seq, seconds)
+        return Ready(request.seq, seconds, span=span, spare=self.dispatch.spare())
 
     def send(self, conn, msg):
         try:

@@ -20,6 +20,7 @@ from dataclasses import replace
 from . import autocounts
 from . import group
 from .coordinator import Coordinator
+from .deepening import Deepening
 from .limits import check_worker_counts
 from .messages import Hello
 from .peers import node_peers
@@ -28,7 +29,7 @@ from .wire import Ring
 from .workerpool import WorkerPool, children_skip_mpi
 from .workers import reader_main
 from .. import plan as planlib
-from ..cache import MIN_DEPTH, Cache, depth_note, fitting_depth, lookahead_depth, policy_name, window_bytes
+from ..cache import MAX_DEPTH, MIN_DEPTH, Cache, depth_note, fitting_depth, lookahead_depth, policy_name, window_bytes
 from ..catalog import agreed_catalog
 from ..errors import ConfigError, StageError
 from ..sources import open_source
@@ -99,7 +100,11 @@ class Startup:
                                                   autocounts.prefetcher_limit(self._auto) if auto_prefetch else None)
                 ch.send(Hello(world.rank, spec, ahead=self._ahead()))
             read_ahead = self._reader.ahead or 2 * self._reader.workers
-            coordinator = Coordinator(ch, minibatches, self.catalog, self.stats.telemetry, self._ahead(), read_ahead)
+            deepening = None
+            if self._deepest > self._ahead():
+                deepening = Deepening(self._ahead(), self._deepest, self.stats.telemetry)
+            coordinator = Coordinator(ch, minibatches, self.catalog, self.stats.telemetry, self._ahead(), read_ahead,
+                                      deepening)
             if self._staging.enabled:
                 coordinator.ask()  # the prefetchers start on the first minibatch while the readers start
             rings = [Ring() for _ in range(self._reader.workers)]
@@ -168,7 +173,7 @@ class Startup:
                                                              ranks, most)
             if note:
                 log.info("stager: %s", note)
-            ahead, window = self._fit_depth(capacity, ahead, window, files.sizes, batch_size, ranks, most)
+            ahead, window, deepest = self._fit_depth(capacity, ahead, window, files.sizes, batch_size, ranks, most)
             self._fit_ahead(ahead)
             cache = Cache(files.sizes, policy_name(self._staging.cache_policy, capacity), capacity, window,
                           self.catalog.file_index)
@@ -182,11 +187,11 @@ class Startup:
                                         self.stats.telemetry, cache, self._on_staged, self._jobdir.keep_open(),
                                         peers, auto_limit, autocounts.source_limit(self._auto) if auto_limit else None)
             ch.client = ch.service.start(ctx)
-            return path, ch.service.address, ch.service.authkey, ahead
+            return path, ch.service.address, ch.service.authkey, ahead, deepest
 
         if not world.node_leader and not shared:
             raise StageError("a rank that is not its node's leader has no node communicator", stage="prefetch")
-        path, address, authkey, ahead = agree(
+        path, address, authkey, ahead, self._deepest = agree(
             world.node_comm if shared else None, start_service,
             lambda text: StageError(f"the node leader could not start staging: {text}", stage="prefetch"))
         self._fit_ahead(ahead)  # the node's window, the same on every rank of it
@@ -207,20 +212,28 @@ class Startup:
         """The node's look-ahead: ``auto``'s depth for the capacity; a fixed one, warned about when it costs.
 
         Returns:
-            ``(ahead, window)``: minibatches per rank, and the bytes their window may pin.
+            ``(ahead, window, deepest)``: minibatches per rank, the bytes their
+            window may pin, and the deepest ``auto`` may grow to while
+            running (``deepening``; ``ahead`` for a fixed depth).
         """
         total = int(sizes.sum())
-        depth, keep = fitting_depth(capacity, total, len(sizes), batch_size, ranks, ranks / max(1, self.world.size))
+        share = ranks / max(1, self.world.size)
+        depth, keep = fitting_depth(capacity, total, len(sizes), batch_size, ranks, share)
         step = ranks * batch_size * total / max(1, len(sizes))
         said = depth_note(self._staging.lookahead, depth, capacity, keep, step)
         if said is not None:
             getattr(log, said[0])("stager: %s", said[1])
         if self._staging.lookahead != "auto":
-            return ahead, window
-        ahead = min(self._ahead(), depth)
-        while ahead > 1 and capacity is not None and window_bytes(sizes, batch_size, ahead, ranks, most) > capacity:
-            ahead -= 1
-        return ahead, window_bytes(sizes, batch_size, ahead, ranks, most)
+            return ahead, window, ahead
+
+        def fitting(ahead):
+            while ahead > 1 and capacity is not None and window_bytes(sizes, batch_size, ahead, ranks, most) > capacity:
+                ahead -= 1
+            return ahead
+
+        ahead = fitting(min(self._ahead(), depth))
+        deepest = fitting(fitting_depth(capacity, total, len(sizes), batch_size, ranks, share, MAX_DEPTH)[0])
+        return ahead, window_bytes(sizes, batch_size, ahead, ranks, most), max(ahead, deepest)
 
     def _fit_ahead(self, ahead):
         """Cuts this rank's look-ahead (staged and decoded ahead) to ``ahead``, the most the node cache fits."""

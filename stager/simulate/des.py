@@ -2,7 +2,9 @@
 
 What each node fetches at each step comes from ``demand`` (exact, from the
 plan); this module adds when. Per node, the service asks for step ``s`` once
-every rank of the node has consumed step ``s - ahead``, splits its files into
+every rank of the node has consumed step ``s - ahead`` (with ``staging.lookahead:
+auto``, ``ahead`` deepens as the engine's ``Deepening`` decides, fed the
+node's fetch spans and idle prefetchers and its first rank's steps), splits its files into
 at most one chunk per prefetcher (a chunk's files are fetched one after the
 other by one prefetcher: in aggregate, one event for several files), and the
 step is ready when its chunks are. Each rank's readers decode a ready step
@@ -33,6 +35,7 @@ import simpy
 import numpy as np
 
 from .log import Log
+from ..engine.deepening import Deepening
 from ..engine.dispatch import AUTO_TASKS
 
 
@@ -141,15 +144,21 @@ class Job:
         tuner: For ``staging.prefetchers: auto``, a callable returning a new
             ``engine.perf.Tuner`` for one node's pool: the engine's controller,
             replayed in simulated time; None: fixed prefetchers.
+        deepest: For ``staging.lookahead: auto``, the deepest ``ahead`` may
+            grow to (``engine.deepening``); None: ``ahead`` is fixed.
     """
 
-    def __init__(self, profile, demand, prefetchers, readers, ahead, read_ahead, compute_s, tuner=None):
+    def __init__(self, profile, demand, prefetchers, readers, ahead, read_ahead, compute_s, tuner=None,
+                 deepest=None):
         self.env = env = simpy.Environment()
         self.demand = demand
         self.prefetchers, self.readers = prefetchers, readers
         self.tuner = tuner
         self.timelines = [[(0.0, prefetchers)] for _ in range(demand.nodes)]  # (seconds, prefetchers) per node
         self.ahead, self.read_ahead, self.compute_s = ahead, read_ahead, compute_s
+        self.deepening = [Deepening(ahead, deepest, None) if deepest and deepest > ahead else None
+                          for _ in range(demand.nodes)]
+        self.depths = [[(0.0, ahead)] for _ in range(demand.nodes)]  # (seconds, look-ahead) per node
         self.steps = len(demand.epochs)
         self.log = Log(demand.nodes * demand.ranks_per_node, demand.epochs)
         self.fs = SharedFS(env, profile.filesystem, self.log)
@@ -217,8 +226,9 @@ class Job:
             env.process(self._control(node, pool, tuner, ready))
         peer_threads = simpy.Resource(env, self.prefetchers)
         ranks = range(node * rpn, (node + 1) * rpn)
+        deep = self.deepening[node]
         for s in range(self.steps):
-            gate = self._after(ranks, s - self.ahead)
+            gate = self._after(ranks, s - (self.ahead if deep is None else deep.depth))
             if gate is not None:
                 yield gate
             # As the engine splits them: an auto pool's tasks are finer (it may grow before they are taken).
@@ -230,7 +240,7 @@ class Job:
             jobs += [env.process(self._peer(node, peer_threads, f, b))
                      for f, b in _chunks(d.peer_files[s], d.peer_bytes[s], self.prefetchers)]
             if jobs:
-                env.process(self._when_all(jobs, ready[s]))
+                env.process(self._when_all(jobs, ready[s], deep, pool))
             else:
                 ready[s].succeed()
 
@@ -267,8 +277,12 @@ class Job:
         for event in ready:
             event.succeed()
 
-    def _when_all(self, jobs, event):
-        yield self.env.all_of(jobs)
+    def _when_all(self, jobs, event, deep=None, pool=None):
+        """``event`` once ``jobs`` are done; ``deep`` hears how long the longest took and whether ``pool`` idles."""
+        done = yield self.env.all_of(jobs)
+        if deep is not None:
+            spare = bool(pool.store.items) and not pool.store.get_queue
+            deep.staged(max((v or 0.0) for v in done.values()), spare)
         event.succeed()
 
     def _local(self, node, nbytes):
@@ -285,6 +299,7 @@ class Job:
         yield pool.store.put(token)
         if tuner is not None:
             tuner.finished(files, self.env.now - begin, files * self.copy_s)
+        return self.env.now - begin
 
     def _peer(self, node, threads, files, nbytes):
         with threads.request() as req:
@@ -333,6 +348,11 @@ class Job:
             begin = env.now
             yield decoded[s]
             self.log.wait(rank, s, env.now - begin)
+            deep = self.deepening[node]
+            if deep is not None and rank == node * self.demand.ranks_per_node:
+                depth = deep.depth
+                if deep.consumed(env.now, env.now - begin) != depth:
+                    self.depths[node].append((env.now, deep.depth))
             if self.compute_s:
                 yield env.timeout(self.compute_s)
             self.log.step(rank, s, env.now)

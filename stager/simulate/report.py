@@ -45,9 +45,9 @@ def text(result):
     changes = [(method, m["counts_timeline"]) for method, m in result["methods"].items()
                if len(m.get("counts_timeline", ())) > 1]
     if changes:
-        lines += ["", "prefetchers of node 0 resized by the auto controller (seconds: count):"]
+        lines += ["", "node 0's counts changed by auto (seconds: prefetchers, look-ahead):"]
         for method, timeline in changes:
-            cells = ", ".join(f"{c['t']:.2f}: {c['prefetchers']}" for c in timeline)
+            cells = ", ".join(f"{c['t']:.2f}: {c['prefetchers']}, {c.get('lookahead', '-')}" for c in timeline)
             lines.append(f"  {METHOD_NAMES.get(method, method):24s} {cells}")
     return "\n".join(lines)
 

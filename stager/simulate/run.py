@@ -21,7 +21,7 @@ from .demand import node_demand
 from .optimum import job_optimum
 from .des import Job
 from .report import KIND
-from ..cache import fitting_depth, lookahead_depth, parse_capacity, policy_name
+from ..cache import MAX_DEPTH, fitting_depth, lookahead_depth, parse_capacity, policy_name
 from ..engine.autocounts import prefetcher_limit, source_limit
 from ..engine.perf import Rates, Tuner, choose_counts
 from ..errors import ConfigError
@@ -109,9 +109,11 @@ def simulate(cfg, profile, layout, sizes, to_files=None, containers=None, method
     read_ahead = reader.ahead or 2 * readers
     capacity = capacity_bytes(staging, profile, int(sizes.sum()))
     ahead = max(lookahead_depth(staging.lookahead), read_ahead)
-    if staging.lookahead == "auto":  # as the engine's start fits it to the node's capacity
-        ahead = min(ahead, fitting_depth(capacity, int(sizes.sum()), len(sizes), spec.batch_size,
-                                         layout.ranks_per_node, 1 / layout.nodes)[0])
+    deepest = None
+    if staging.lookahead == "auto":  # as the engine's start fits it to the node's capacity, and deepens it
+        fit = (capacity, int(sizes.sum()), len(sizes), spec.batch_size, layout.ranks_per_node, 1 / layout.nodes)
+        ahead = min(ahead, fitting_depth(*fit)[0])
+        deepest = fitting_depth(*fit, MAX_DEPTH)[0]
     compute_ms = profile.costs.compute_ms if profile.costs.compute_ms is not None else cfg.run.compute_ms
     out = {"kind": KIND, "nodes": layout.nodes, "ranks_per_node": layout.ranks_per_node, "samples": samples, "files": len(sizes),
            "dataset_bytes": int(sizes.sum()), "epochs": spec.epochs, "batch_size": spec.batch_size,
@@ -140,17 +142,28 @@ def simulate(cfg, profile, layout, sizes, to_files=None, containers=None, method
             d = demand(None, method == "unbounded" and peers)
         mode = {"direct": "direct", "stage-all": "stage-all"}.get(method, "staged")
         job = Job(profile, d, prefetchers, readers, ahead, read_ahead, compute_ms / 1e3,
-                  tuner if mode == "staged" else None)
+                  tuner if mode == "staged" else None, deepest if mode == "staged" else None)
         log = job.run(mode, (len(sizes), int(sizes.sum())))
         out["methods"][method] = _summary(method, d, log, layout, samples, begin)
         if mode == "staged":
-            # Node 0's, in the engine's report's shape (the readers are not resized here).
-            out["methods"][method]["counts_timeline"] = [
-                {"t": round(t, 4), "prefetchers": n, "in_flight": 1, "readers": readers} for t, n in job.timelines[0]]
+            out["methods"][method]["counts_timeline"] = _timeline(job, readers)
     if peers and capacity is not None and "stager" in methods and spec.samples <= OPTIMUM_READS:
         node_of_rank = np.repeat(np.arange(layout.nodes), layout.ranks_per_node)
         out["optimum"] = job_optimum(sizes, spec, node_of_rank, [capacity] * layout.nodes, ahead, to_files)
     return out
+
+
+def _timeline(job, readers):
+    """Node 0's counts over the run, in the engine's report's shape (the readers are not resized here)."""
+    changes = sorted([(t, "prefetchers", n) for t, n in job.timelines[0][1:]] +
+                     [(t, "lookahead", n) for t, n in job.depths[0][1:]])
+    row = {"t": 0.0, "prefetchers": job.timelines[0][0][1], "in_flight": 1, "readers": readers,
+           "lookahead": job.depths[0][0][1]}
+    rows = [dict(row)]
+    for t, key, n in changes:
+        row.update({"t": round(t, 4), key: n})
+        rows.append(dict(row))
+    return rows
 
 
 def _auto_counts(profile, sizes, batch_size):

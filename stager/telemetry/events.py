@@ -36,7 +36,8 @@ kind           a                    b                   value
 ``PEER``       catalog index        bytes               epoch (from a peer's copy)
 ``SERVED``     catalog index        bytes (0: missing)  the asking peer's epoch
 ``FINISHED``   minibatches consumed  0                  seconds the consumer waited
-``RESIZED``    0 prefetch, 1 read   the pool's new size  measured seconds per item
+``RESIZED``    0 prefetch, 1 read,  the pool's new size  measured seconds per item
+               2 look-ahead         (look-ahead: depth)  (look-ahead: fetch span)
 ``LOCAL``      epoch                bytes read locally  samples read locally
 ``FALLBACK``   catalog index        bytes               epoch (read from the source: its holder stalled)
 ``GROUP``      what (below)         files or samples    bytes (files) or 0
@@ -65,7 +66,7 @@ from array import array
 NEEDED, QUEUED, STAGED, TASK, READY, READ, DELIVERED, CONSUMED, REQUEST, EVICTED, USAGE, PEER, SERVED, \
     FINISHED, RESIZED, LOCAL, FALLBACK, GROUP, DROPPED, SWAPPED_OUT, SWAPPED_IN = range(21)
 GROUP_FILES, GROUP_FETCHED, GROUP_TAKEN, GROUP_GIVEN = range(4)
-POOL_PREFETCH, POOL_READ = range(2)  # a ``RESIZED`` event's pool
+POOL_PREFETCH, POOL_READ, POOL_LOOKAHEAD = range(3)  # a ``RESIZED`` event's pool (or the ``auto`` look-ahead)
 # What a ``STAGED`` event's bytes (and a prefetcher's ``Staged.done``) may hold besides a count:
 NO_SPACE = -1  # the local file system was full; nothing was published
 PRESENT = -2  # a matching copy was already there; nothing was copied

@@ -108,6 +108,9 @@ def counts(report, path):
                 where="post", color="tab:blue", label="requests out (prefetchers x in flight each)")
         ax.step(t, [c["readers"] for c in rows] + [rows[-1]["readers"]], where="post", color="tab:orange",
                 label="readers")
+        if "lookahead" in rows[-1]:
+            ax.step(t, [c.get("lookahead", 0) for c in rows] + [rows[-1]["lookahead"]], where="post",
+                    color="tab:green", label="look-ahead (minibatches)")
         ax.legend(fontsize=8, loc="upper left")
     ax.set_xlim(0, end)
     ax.set_ylim(bottom=0)

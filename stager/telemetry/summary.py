@@ -106,10 +106,10 @@ def count_lines(report):
     if len(timeline) < 2:
         return []
     lines = ["", f"counts over the run (rank 0's node; {len(timeline) - 1} change(s)):"]
-    rows = [(f"{c['t']:.2f}", c["prefetchers"], c["in_flight"], c["prefetchers"] * c["in_flight"], c["readers"])
-            for c in timeline]
+    rows = [(f"{c['t']:.2f}", c["prefetchers"], c["in_flight"], c["prefetchers"] * c["in_flight"], c["readers"],
+             c.get("lookahead", "-")) for c in timeline]
     return lines + ["  " + x for x in _table(rows, ("s", "prefetchers", "in flight each", "requests out",
-                                                    "readers"))]
+                                                    "readers", "look-ahead"))]
 
 
 def render(report, plots=()):

@@ -144,8 +144,8 @@ class GroupLoop(ServiceLoop):
         self.fetched_by[absent] = client.number
         super().need(conn, msg)
 
-    def ready(self, request, seconds):
-        return Ready(request.seq, seconds, self.counts.pop((request.conn, request.seq), None))
+    def ready(self, request, seconds, span):
+        return Ready(request.seq, seconds, self.counts.pop((request.conn, request.seq), None), span)
 
     def claim(self, conn, seq):
         """Who decodes the minibatch a rank is about to read: it (``publish``), another job (``shared``), or
