@@ -1,9 +1,10 @@
 """``staging.lookahead: auto`` goes deeper while running where the source's latency needs it, room allowing.
 
 Real runs over the FUSE-emulated file system, one file a minibatch and 24
-prefetchers: with an open of 400 ms against a training step of 10 ms, a
-minibatch must be asked for some 40 steps ahead to be staged by its turn,
-and 16 requests leave prefetchers idle, so the look-ahead deepens past the
+prefetchers: with an open of 600 ms against a training step of 5 ms, a
+minibatch must be asked for over 100 steps ahead to be staged by its turn
+(past 16 for any step under 37 ms: a loaded machine's too), and 16
+requests leave prefetchers idle, so the look-ahead deepens past the
 start's 16; with an open of 1 ms, two suffice and the start's depth stays.
 With 4 prefetchers and two files a minibatch every prefetcher is busy at
 16: the source's pace is the limit, and the depth stays. It never passes
@@ -64,8 +65,8 @@ def _run(mnt, backing, tmp_path, step_s, batch=1, prefetchers=24, **staging):
 
 
 def test_a_source_slow_against_the_step_deepens_the_look_ahead_past_the_start(backing, tmp_path):
-    with SlowFS(str(backing), open_ms=400.0) as mnt:
-        depths = _run(mnt, backing, tmp_path, 0.01)
+    with SlowFS(str(backing), open_ms=600.0) as mnt:
+        depths = _run(mnt, backing, tmp_path, 0.005)
     assert depths[0] == AUTO_DEPTH
     assert max(depths) > AUTO_DEPTH, depths
     assert max(depths) <= MAX_DEPTH
@@ -90,8 +91,8 @@ def test_the_look_ahead_never_deepens_past_the_room_the_capacity_leaves(backing,
     capacity = total + 20 * sizes[0]
     deepest = fitting_depth(capacity, total, FILES, 1, 1, 1.0, MAX_DEPTH)[0]
     assert AUTO_DEPTH < deepest < MAX_DEPTH
-    with SlowFS(str(backing), open_ms=400.0) as mnt:
-        depths = _run(mnt, backing, tmp_path, 0.01, capacity=str(capacity))
+    with SlowFS(str(backing), open_ms=600.0) as mnt:
+        depths = _run(mnt, backing, tmp_path, 0.005, capacity=str(capacity))
     assert max(depths) > AUTO_DEPTH, depths
     assert max(depths) <= deepest, depths
 
