@@ -165,6 +165,29 @@ def test_tracked_nodes_stand_for_the_others_in_every_epoch_of_many_steps():
     assert some.sum() >= best["files"] and full.sum() >= best["files"]
 
 
+def test_the_nodes_order_within_a_step_changes_who_drops_what_but_every_read_is_accounted():
+    """4 nodes of one rank, together as large as the dataset: taken in the nodes' order, node 0 makes room
+    before the others ask it for anything; shuffled each step, the replay reads the source more (as the real
+    runs do), never below the job-wide optimum, and the same shuffle gives the same reads."""
+    nodes, batch, files = 4, 16, 1024
+    spec = PlanSpec.from_config(files, PlanConfig(batch_size=batch, epochs=3, seed=1), nodes)
+    sizes = np.ones(files, dtype=np.int64)
+    capacity = files // nodes
+
+    def reads(order):
+        d = node_demand(sizes, spec, nodes, 1, None, capacity, "auto", 2, True, order=order)
+        for node in d.tracked:
+            assert np.array_equal(node.source_files + node.peer_files + node.local_files, node.samples)
+        return int(d.totals("source_files").sum())
+
+    by_node, shuffled = reads("node"), reads("shuffled")
+    best = job_optimum(sizes, spec, np.arange(nodes), [capacity] * nodes, 2)["files"]
+    assert best <= by_node < shuffled
+    assert reads("shuffled") == shuffled
+    with pytest.raises(ValueError, match="node, shuffled"):
+        node_demand(sizes, spec, nodes, 1, None, capacity, "auto", 2, True, order="random")
+
+
 def test_owners_at_scale_agree_with_the_engines():
     """Past the exact limit, ownership comes from the permutation's inverse: the same owners."""
     from stager.engine.peers.ownership import first_epoch_owners

@@ -20,6 +20,12 @@ holders had when asked, by how long before they had read it
 held by their first-epoch readers (``FirstReaders``), and an untracked owner
 is taken to have dropped the share of its files the tracked owners dropped,
 from the highest indices down, as the clairvoyant policy's tie rule does.
+
+At each step the tracked nodes' requests meet in the order of their numbers:
+the lowest-numbered node makes room and takes from its holders before the
+others ask it for anything. Real nodes are not in step within a step: with
+``order="shuffled"`` each step's nodes take their turn in an order drawn from
+the plan's seed and the step (``pooling_study.py`` compares the two).
 """
 
 from dataclasses import dataclass
@@ -152,8 +158,11 @@ def _hand_on(rules, listed, seq, tracked, replays, holders, kept_given):
         rules[h].served(files[holder == h], seq)
 
 
+ORDERS = ("node", "shuffled")  # how the tracked nodes' requests of one step meet each other
+
+
 def node_demand(sizes, spec, nodes, ranks_per_node, tracked=None, capacity=None, policy="auto", ahead=16,
-                peers=False, to_files=None, swaps=False):
+                peers=False, to_files=None, swaps=False, order="node"):
     """Each tracked node's reads per step, from the plan and the engine's cache.
 
     Args:
@@ -168,10 +177,14 @@ def node_demand(sizes, spec, nodes, ranks_per_node, tracked=None, capacity=None,
         peers: ``staging.peers: partition``.
         to_files: Maps samples to the files holding them, or None.
         swaps: ``staging.peer_swaps``.
+        order: ``node``: each step's requests meet in the nodes' order;
+            ``shuffled``: in an order drawn per step from the plan's seed.
 
     Returns:
         A ``Demand``.
     """
+    if order not in ORDERS:
+        raise ValueError(f"node_demand: unknown order {order!r}; known: {', '.join(ORDERS)}")
     sizes = np.asarray(sizes, dtype=np.int64)
     tracked = nodes if tracked is None else max(1, min(tracked, nodes))
     rules, listed = _rules(spec, len(sizes), nodes, ranks_per_node, to_files, tracked) if peers else (None, None)
@@ -194,7 +207,10 @@ def node_demand(sizes, spec, nodes, ranks_per_node, tracked=None, capacity=None,
         epochs.append(step[0][0].epoch)
         this_step = []
         kept_given.check(seq)
-        for n, minibatches in zip(range(tracked), step):
+        turns = list(zip(range(tracked), step))
+        if order == "shuffled":
+            turns = [turns[i] for i in np.random.default_rng((spec.seed, seq)).permutation(tracked)]
+        for n, minibatches in turns:
             fetched, local, dropped = [], [], []
             for offset, mb in enumerate(minibatches):
                 missing, files = replays[n].request(n * ranks_per_node + offset, seq, mb.indices)
