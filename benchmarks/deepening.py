@@ -9,7 +9,8 @@ as ``.npy`` files of 4 KB and as 256x256 JPEGs decoded to float32 CHW;
 two files a minibatch and 4 prefetchers on a 300 ms open (every prefetcher
 busy: the depth must stay); 32 files a minibatch, 8 prefetchers, 20 ms an
 open, 20 ms a step (the ordinary case). Wall time, the consumer's stall,
-the deepest look-ahead reached and CPU seconds per process kind.
+the deepest look-ahead reached and CPU seconds per process kind. Last, the
+first case in ``stager simulate`` (seconds and deepest, ``auto`` and 16).
 
     .venv/bin/python benchmarks/deepening.py --json docs/deepening.json
 """
@@ -21,10 +22,13 @@ import tempfile
 import threading
 import time
 
+import numpy as np
+
 from stager.bench.cpu import CpuMeter
 from stager.config import config_from_dict
 from stager.engine import Pipeline
 from stager.job.synth import MANIFEST, make_dataset
+from stager.simulate import Layout, profile_from_dict, simulate
 from stager.slowfs import SlowFS
 
 CASES = (  # name, files, batch, prefetchers, open ms, step s, format
@@ -81,9 +85,28 @@ def main():
               f"{row['wall_ratio']}x; stall auto {statistics.median(row['auto']['stall_s']):.2f} s, "
               f"16 {statistics.median(row['16']['stall_s']):.2f} s; CPU auto {row['auto']['cpu_s']}, "
               f"16 {row['16']['cpu_s']}", flush=True)
+    out.append({"case": "stager simulate, the first case", "simulated": simulated()})
+    print(f"stager simulate, the first case: {out[-1]['simulated']}", flush=True)
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(out, fh, indent=1)
+
+
+def simulated():
+    """The first case in ``stager simulate`` (one file at a time a prefetcher): seconds and deepest, per depth."""
+    _, files, batch, prefetchers, open_ms, step_s, _ = CASES[0]
+    out = {}
+    for lookahead in ("auto", 16):
+        cfg = config_from_dict({"dataset": {"source": "/nonexistent", "manifest": MANIFEST},
+                                "plan": {"batch_size": batch, "epochs": 1, "seed": 11},
+                                "staging": {"prefetchers": prefetchers, "lookahead": lookahead},
+                                "reader": {"workers": 2}, "run": {"compute_ms": step_s * 1000}})
+        profile = profile_from_dict({"filesystem": {"open_ms": open_ms}, "node": {"cores": 16},
+                                     "costs": {"read_ms": 0.5}})
+        result = simulate(cfg, profile, Layout(1), np.full(files, 4096))["methods"]["stager"]
+        out[str(lookahead)] = {"seconds": round(result["seconds"], 2),
+                               "deepest": max(row["lookahead"] for row in result["counts_timeline"])}
+    return out
 
 
 if __name__ == "__main__":
