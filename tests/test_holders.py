@@ -76,11 +76,13 @@ def test_a_node_given_a_file_holds_it_until_its_next_reader_fetched_it():
     rule.took(0)
     rule.advance(5 + HANDOFF_STEPS)
     assert rule.kept(np.array([0])).tolist() == [False]
-    # The node that gave a file away notes where; fetching it again, it answers for it itself.
+    # The node that gave a file away notes where; fetching it again, it asks there (the node's fetch
+    # notes the step before the files are routed), and from then on answers for it itself.
     rule.gave(1, 3)
     assert rule.moved[1] == 3
     rule.fetching(np.array([1]), 7)
-    assert rule.moved[1] == -1
+    assert rule.reclaim(np.array([1])).tolist() == [3]
+    assert rule.moved[1] == -1 and rule.reclaim(np.array([1])).tolist() == [-1]
 
 
 def test_a_node_keeps_a_file_given_to_it_only_in_room_that_costs_no_file_it_holds_for_the_job():

@@ -28,14 +28,14 @@ SAMPLES, BATCH, EPOCHS = 480, 8, 3
 TIGHT_SAMPLES = 1920
 
 
-def write_job(tmp_path, samples=SAMPLES):
+def write_job(tmp_path, samples=SAMPLES, batch=BATCH):
     # run.state_file: the ranks agree on their position every step, as data-parallel training's
     # all-reduce keeps them in step; a node far ahead of the others holds what they have not fetched yet.
     (tmp_path / "job.yaml").write_text(f"""
 dataset: {{source: data, manifest: manifest.tsv, loader: "peerchecks:same_as_source"}}
 synthetic: {{samples: {samples}, bytes: 3000}}
 slowfs: {{enabled: true, open_ms: 2}}
-plan: {{batch_size: {BATCH}, epochs: {EPOCHS}, seed: 7}}
+plan: {{batch_size: {batch}, epochs: {EPOCHS}, seed: 7}}
 staging: {{local_dir: local, peers: partition, prefetchers: 4}}
 reader: {{workers: 2}}
 run: {{state_file: state.json}}
@@ -62,8 +62,8 @@ def run(tmp_path, job, name, *sets):
     return reads, json.loads((rec / "r.json").read_text()), proc
 
 
-def check_plan_order(catalog, reads):
-    cfg = PlanConfig(batch_size=BATCH, epochs=EPOCHS, seed=7)
+def check_plan_order(catalog, reads, batch=BATCH):
+    cfg = PlanConfig(batch_size=batch, epochs=EPOCHS, seed=7)
     for r, lines in reads.items():  # the loader checked every sample's bytes against the source
         expected = [[catalog.path(i) for i in m.indices] for m in plan.iterate(len(catalog), cfg, rank=r, size=4)]
         assert [line["samples"] for line in lines] == expected, f"rank {r} did not follow the plan"
@@ -123,4 +123,26 @@ def test_at_20_percent_a_node_the_source_reads_follow_the_simulator_and_stay_nea
     assert real <= 1.05 * best, (real, predicted, best)
     swapped, given = report["reads"]["swapped"]["files"], sum(e["files_swapped_out"] for e in report["cache"])
     assert (0 < swapped <= given) if swaps else swapped == given == 0, report["reads"]
+    assert_nothing_left(tmp_path, job)
+
+
+def test_with_swaps_nodes_that_hold_the_dataset_together_read_it_near_the_job_wide_optimum(tmp_path):
+    """The nodes hold 1x the dataset together, 256 files a node, 16 steps an epoch: without swaps a node
+    that takes a file from its holder makes room before the holder's copy goes (the replay of that policy
+    reads 1.058 of the optimum, ``test_holders``). With ``staging.peer_swaps`` the real run keeps within 5%
+    of it: a node fetching a file it gave away asks where it went, and a holder keeps the room of the files
+    it hands on for what it is given in exchange (without those two, 3 runs read 1.055-1.070 of the
+    optimum; with them 1.013-1.018)."""
+    samples, batch = 1024, 16
+    job = write_job(tmp_path, samples, batch)
+    catalog, cap = capacity(tmp_path, 0.25)
+    sets = [f"staging.capacity={cap}", "staging.peer_swaps=true"]
+    reads, report, _ = run(tmp_path, job, "swaps", *sets)
+    check_plan_order(catalog, reads, batch)
+    real = report["reads"]["source"]["files"]
+    result = simulate(load_config(job, sets), load_profile(), Layout(4, 1), catalog.sizes)
+    best = result["optimum"]["files"]
+    assert samples <= best <= real
+    assert real <= 1.05 * best, (real, result["methods"]["stager"]["source_files"], best)
+    assert report["reads"]["swapped"]["files"] > 0, report["reads"]
     assert_nothing_left(tmp_path, job)

@@ -187,11 +187,18 @@ class PeerFetch:
 
 @dataclass(frozen=True, slots=True)
 class Adopt:
-    """Files leader ``giver`` gave this node (``protocol.Ask.offers``), for the service to keep if it has room."""
+    """Files leader ``giver`` gave this node (``protocol.Ask.offers``), for the service to keep if it has room.
+
+    ``handed``: the files this node sent the giver in the same exchange, for
+    its step ``seq``; they count as handed on (``holders.served``) only as
+    the gifts are kept, so the room they leave is there for them.
+    """
 
     giver: int
     epoch: int
     files: tuple
+    handed: tuple = ()
+    seq: int = -1
 
 
 @dataclass(frozen=True, slots=True)

@@ -225,7 +225,7 @@ def node_demand(sizes, spec, nodes, ranks_per_node, tracked=None, capacity=None,
                 if swapping:
                     mine = rules[n].moved[fetched] >= 0  # given away by this node itself: not its holder's doing
                     owner, given = asked_of(rules, n, fetched, owner)
-                    rules[n].moved[fetched] = -1  # here again (the engine's ``fetching``)
+                    rules[n].reclaim(fetched)  # here again (the engine's ``route``)
                 elsewhere = (owner != NO_OWNER) & (owner != n)
                 for i, f, o in zip(np.flatnonzero(elsewhere).tolist(), fetched[elsewhere].tolist(),
                                    owner[elsewhere].tolist()):

@@ -50,7 +50,7 @@ def dirs():
 
 
 def transfer(comm, dirs, names, to_come=lambda index, seq: False, position=lambda: -1, still_s=10.0,
-             moved=lambda index: -1, on_offers=lambda peer, ask: None, offers=(), on_served=lambda index, seq: None):
+             moved=lambda index: -1, on_offers=lambda peer, ask, handed: None, offers=(), on_served=lambda index, seq: None):
     source, holder, requester, files = dirs
     telemetry = Telemetry()
     server = PeerServer(comm, str(holder), telemetry, 30, to_come, on_served, position=position, moved=moved,
@@ -98,15 +98,24 @@ def test_a_holder_that_evicted_the_file_makes_the_requester_read_the_source(comm
 
 def test_files_dropped_for_room_ride_with_the_request_to_the_holder_after_its_answer(comm, dirs):
     """A node short of room gives the holder it asks the file it dropped (``swaps``): the bytes travel in
-    the request, and the holder is handed them once it has answered (the room its answer frees)."""
+    the request, and the holder is handed them once it has answered (the room its answer frees), with the
+    files it sent in exchange: those count as handed on only as the service keeps the gift (until then
+    the holder's own fetches would take their room: at 4 nodes of 256 files a node, most gifts found none)."""
     source, _, requester, files = dirs
     offer = (9, "given.bin", 5, None, b"bytes")
     got = []
-    replies, served = transfer(comm, dirs, ["small.bin"], offers=(offer,),
+    replies, served = transfer(comm, dirs, ["small.bin", "large.bin"], offers=(offer,),
                                on_served=lambda index, seq: got.append(("served", index)),
-                               on_offers=lambda peer, ask: got.append(("offers", peer, ask.offers)))
-    assert got == [("served", 0), ("offers", 0, (offer,))], "offered once, after the file asked for was sent"
-    assert [(m.route, m.done) for m in replies] == [("peer", [(0, files["small.bin"])])]
+                               on_offers=lambda peer, ask, handed: got.append(("offers", peer, ask.offers,
+                                                                                handed)))
+    assert got == [("offers", 0, (offer,), (0, 1))], "offered once, after the files asked for were sent"
+    assert [(m.route, m.done) for m in replies] == [("peer", [(0, files["small.bin"]), (1, files["large.bin"])])]
+    # Without an offer, each file sent is handed on as it goes.
+    got.clear()
+    (requester / "small.bin").unlink()
+    transfer(comm, dirs, ["small.bin"], on_served=lambda index, seq: got.append(("served", index)),
+             on_offers=lambda peer, ask, handed: got.append(("offers",)))
+    assert got == [("served", 0)]
 
 
 def test_files_given_wait_for_the_service_and_never_block_the_server(comm, dirs):
@@ -119,15 +128,15 @@ def test_files_given_wait_for_the_service_and_never_block_the_server(comm, dirs)
     peers.start()
     offer = (3, "given.bin", CHUNK, None, bytes(CHUNK))
     for _ in range(100):  # 100 MiB given, nobody reading
-        peers._offered(0, Ask([], 1, 0, offers=(offer,)))
+        peers._offered(0, Ask([], 1, 0, offers=(offer,)), ())
     assert peers.conn.poll(5) and isinstance(peers.conn.recv(), Given)
     assert not peers.conn.poll(0.1), "one wake-up for all of them"
     taken = peers.take_given()
     assert len(taken) == 100 and all(a.giver == 0 and a.files == (offer,) for a in taken)
-    peers._offered(0, Ask([], 1, 0, offers=(offer,)))
+    peers._offered(0, Ask([], 1, 0, offers=(offer,)), ())
     assert peers.conn.poll(5) and isinstance(peers.conn.recv(), Given), "taken: the next gift wakes it again"
     peers.close(0, 5)
-    peers._offered(0, Ask([], 1, 0, offers=(offer,)))  # the server answers to the end; the service is gone
+    peers._offered(0, Ask([], 1, 0, offers=(offer,)), ())  # the server answers to the end; the service is gone
     assert len(peers.take_given()) == 1
     with pytest.raises(OSError):
         peers.fetcher.send(Given())
@@ -144,6 +153,37 @@ def test_a_holder_that_gave_the_file_away_names_the_node_it_went_to(comm, dirs):
     assert [(m.route, m.done) for m in replies] == [("source", [(0, files["small.bin"])])], replies
     assert (requester / "small.bin").read_bytes() == (source / "small.bin").read_bytes()
     assert served == [(0, 0)]
+
+
+def test_a_node_fetching_a_file_it_gave_away_asks_the_node_it_went_to(comm, dirs):
+    """Node 0 read file 0 after node 1, dropped it for room and gave it to node 3. Reading it again at step
+    6 it asks node 3, in the order the node's service fetches (``Cache.fetching``, then ``route``), not the
+    node that read it before it (that order once forgot where the file went: at 4 nodes of 256 files a
+    node, 41 of 88 re-reads of the source were files kept by the node they were given to); after that
+    it answers for the file itself."""
+    from stager.cache import Cache
+    from stager.engine.peers import LatestReaders
+
+    source, _, requester, _ = dirs
+    steps, nodes, files = (np.array(c, dtype=np.int64) for c in zip((0, 1, 0), (2, 0, 0), (6, 0, 0), (3, 2, 1)))
+    rule = LatestReaders(steps, nodes, files, me=0, count=2)
+    peers = Peers(comm, rule, open_source(str(source)), str(requester), 1, Telemetry())
+    peers.start()
+    try:
+        cache = Cache(np.ones(2, dtype=np.int64), "clairvoyant", capacity=2)
+        peers.keep_in(cache)
+        rule.advance(2)
+        asked = peers.route(np.array([0]), np.ones(1), 2)[0]
+        assert [(o, i.tolist()) for o, i in asked] == [(1, [0])]  # node 1 read it before
+        rule.gave(0, 3)
+        rule.advance(6)
+        cache.fetching(np.array([0]), 6)
+        groups, from_source = peers.route(np.array([0]), np.ones(1), 6)
+        assert [(o, i.tolist()) for o, i in groups] == [(3, [0])] and not len(from_source)
+        assert rule.moved[0] == -1
+        assert [(o, i.tolist()) for o, i in peers.route(np.array([0]), np.ones(1), 6)[0]] == [(1, [0])]
+    finally:
+        peers.close(0, 5)
 
 
 def test_a_holder_whose_ranks_do_not_move_is_read_around(comm, dirs):

@@ -101,7 +101,17 @@ class LatestReaders(_Position):
     def fetching(self, indices, seq):
         """This node starts fetching ``indices`` for its ranks' step ``seq``."""
         self.fetch_seq[indices] = seq
-        self.moved[indices] = -1  # here again: it answers for them itself
+
+    def reclaim(self, indices):
+        """Where this node gave each of ``indices`` (-1: it did not), forgotten: it fetches them again.
+
+        Called as the files are routed (after ``fetching``), so that a file
+        it gave away is asked of the node it went to; from then on it answers
+        for them itself.
+        """
+        gone = self.moved[indices].copy()
+        self.moved[indices] = -1
+        return gone
 
     def served(self, index, seq):
         """Another node fetched file ``index`` (or an array of them) from here for its step ``seq``.

@@ -75,12 +75,13 @@ class Peers:
         # The server thread's: the leader this node gave a file to (-1: none); an int read is atomic.
         return int(self.holders.moved[index]) if self.holders.swaps else -1
 
-    def _offered(self, peer, ask):
+    def _offered(self, peer, ask, handed):
         # The server thread's: what leader ``peer`` gave waits in ``given``; the service is woken
         # by a message of a few bytes, at most one on its way.
-        if self._closing:
-            return  # the service is gone: so is the room it could have taken
-        self.given.append(Adopt(peer, ask.epoch, ask.offers))
+        if self._closing:  # the service is gone: so is the room it could have taken
+            self.holders.served(np.asarray(handed, dtype=np.int64), ask.seq)
+            return
+        self.given.append(Adopt(peer, ask.epoch, ask.offers, handed, ask.seq))
         if not self._woken:
             self._woken = True
             try:
@@ -105,7 +106,7 @@ class Peers:
         """
         owners = self.holders.holder(indices, seq, self.me)
         if self.holders.swaps:  # a file this node gave away is asked of the node it went to
-            gone = self.holders.moved[indices]
+            gone = self.holders.reclaim(indices)
             owners = np.where(gone >= 0, gone, owners)
         elsewhere = (owners != NO_OWNER) & (owners != self.me)
         if self.fetcher.silent:

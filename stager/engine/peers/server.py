@@ -30,12 +30,13 @@ class PeerServer:
         position: Callable: this node's position (its slowest rank's latest
             request), sent with each ``PENDING``.
         moved: Callable ``(index) -> rank``: the leader a file was given to, or -1.
-        on_offers: Callable ``(peer, ask)``: an ``Ask`` came with files offered
-            (called once it is answered).
+        on_offers: Callable ``(peer, ask, handed)``: an ``Ask`` came with files
+            offered (called once it is answered); ``handed``: the files sent
+            in exchange, for which ``on_served`` is left to it.
     """
 
     def __init__(self, comm, root, telemetry, timeout_s, to_come, on_served=lambda index, seq: None,
-                 position=lambda: -1, moved=lambda index: -1, on_offers=lambda peer, ask: None):
+                 position=lambda: -1, moved=lambda index: -1, on_offers=lambda peer, ask, handed: None):
         self.comm, self.root, self.telemetry, self.timeout_s = comm, root, telemetry, timeout_s
         self.to_come, self.on_served, self.position = to_come, on_served, position
         self.moved, self.on_offers = moved, on_offers
@@ -59,17 +60,23 @@ class PeerServer:
             pause = 20e-6
             peer = status.Get_source()
             ask = self.comm.recv(source=peer, tag=ASK)
+            handed = []
             try:
                 to_come = lambda index, seq=ask.seq: self.to_come(index, seq)  # noqa: E731
                 for index, sent in serve(self.comm, peer, ask, self.root, self.timeout_s, to_come,
                                          self.position, self.moved):
                     self.telemetry.record(tm.SERVED, index, sent, ask.epoch)
-                    if sent > 0:
+                    if sent > 0 and ask.offers:
+                        handed.append(index)
+                    elif sent > 0:
                         self.on_served(index, ask.seq)
             except (OSError, PeerTimeout) as exc:
                 log.warning("stager: could not answer node leader %s: %s", peer, exc)
-            if ask.offers:  # after the answer: the room the files handed on leave is what they may take
-                self.on_offers(peer, ask)
+            if ask.offers:
+                # After the answer: the room the files handed on leave is what the files offered take.
+                # Until the service keeps them, the files handed on stay held here, so that its own
+                # fetches meanwhile do not take that room (the offers would find none and be lost).
+                self.on_offers(peer, ask, tuple(handed))
 
     def stop(self, timeout_s):
         self._halt.set()

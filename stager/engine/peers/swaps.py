@@ -89,11 +89,15 @@ def adopt(loop, msg):
 
     Not while requests of this node wait for room (theirs comes first), nor
     a file on its way here; a copy already here is kept for the job from now on.
+    The files this node handed the giver in exchange are handed on now
+    (held until this moment: the room they leave is the gifts').
 
     Returns:
         The indices kept.
     """
     cache, telemetry = loop.cache, loop.s.telemetry
+    if msg.handed:
+        cache.holders.served(np.asarray(msg.handed, dtype=np.int64), msg.seq)
     kept = []
     for index, rel, size, mtime_ns, data in msg.files:
         if cache.state[index] == STAGED:
