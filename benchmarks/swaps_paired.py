@@ -1,17 +1,18 @@
 """``staging.peer_swaps`` off and on, side by side: source reads, wall time and stall of the same job.
 
-4 emulated nodes of one rank under ``mpiexec`` (``STAGER_NODE_ID``), 1,024
+4 (``--nodes``) emulated nodes of one rank under ``mpiexec`` (``STAGER_NODE_ID``), 1,024
 files of 40 KB behind the slow file system emulator (10 ms an open), batch
 16, 3 epochs, ``staging.peers: partition``, ``staging.lookahead: auto``, 4
 prefetchers and 2 readers a node, 5 ms of compute a step, the ranks agreeing
 on their position every step; the nodes together hold 0.5x and 1x the
 dataset. Runs alternate off and on, ``--repeats`` times each. Beside wall
-time and stall, the CPU seconds of the job's processes by kind: the 4 rank
+time and stall, the CPU seconds of the job's processes by kind: the rank
 processes (training loop, node service, peer server and fetch threads), the
 prefetchers, the readers and the launcher (sampled from ``/proc`` every 50
 ms: a process's last 50 ms are not seen).
 
-    .venv/bin/python benchmarks/swaps_paired.py --repeats 2
+    .venv/bin/python benchmarks/swaps_paired.py --repeats 3
+    .venv/bin/python benchmarks/swaps_paired.py --repeats 3 --nodes 2
 """
 
 import argparse
@@ -69,6 +70,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--aggregates", type=float, nargs="+", default=[0.5, 1.0])
+    ap.add_argument("--nodes", type=int, default=4)
     opts = ap.parse_args()
     work = tempfile.mkdtemp(prefix="stager-swaps-")
     rows = {}
@@ -86,14 +88,14 @@ def main():
                                 "plan": {"batch_size": 16, "epochs": 3, "seed": 1},
                                 "staging": {"local_dir": os.path.join(work, "local"), "prefetchers": 4,
                                             "peers": "partition", "peer_swaps": swaps,
-                                            "capacity": int(aggregate * total / 4)},
+                                            "capacity": int(aggregate * total / opts.nodes)},
                                 "reader": {"workers": 2},
                                 "run": {"compute_ms": 5.0, "state_file": os.path.join(work, "state.json")}}
                         cfg = os.path.join(work, "job.yaml")
                         with open(cfg, "w") as fh:
                             json.dump(body, fh)
                         with JobCpu(emulator) as cpu:
-                            r = run_job(cfg, 4, [], work)
+                            r = run_job(cfg, opts.nodes, [], work)
                         row = (sum(e["files_from_source"] for e in r["cache"]) / 1024, r["wall_s"],
                                r["stall_fraction"], cpu.seconds())
                         rows.setdefault((aggregate, swaps), []).append(row)

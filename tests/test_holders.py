@@ -6,11 +6,11 @@ import math
 import numpy as np
 import pytest
 
-from stager.cache import ABSENT, AUTO_DEPTH, MIN_DEPTH, STAGED, Cache, depth_note, fitting_depth
+from stager.cache import AUTO_DEPTH, MIN_DEPTH, STAGED, Cache, depth_note, fitting_depth
 from stager.config import PlanConfig, config_from_dict
 from stager.engine.peers import NO_OWNER, FirstReaders, LatestReaders, job_holders
 from stager.engine.peers.holders import HANDOFF_STEPS
-from stager.engine.peers.swaps import room_to_keep, stage_given
+from stager.engine.peers.swaps import keep_given, stage_given
 from stager.errors import ConfigError
 from stager.model.misses import NodeReplay
 from stager.plan import PlanSpec, job_reads
@@ -86,29 +86,32 @@ def test_a_node_given_a_file_holds_it_until_its_next_reader_fetched_it():
 
 
 def test_a_node_keeps_a_file_given_to_it_only_in_room_that_costs_no_file_it_holds_for_the_job():
-    """``swaps.room_to_keep``: node 0 (capacity 3 files of one byte) holds files 0 and 1 for the job and has a
-    copy of file 2, which node 1 read after it. A file given to it takes the copy's place; once the copy is
-    gone, the room would cost a file it holds: it is not kept, however much sooner it is read."""
-    # Reads: files 0-2 by node 0 at step 0; file 2 by node 1 at 1; file 3 by node 1 at 0, then at 4;
-    # node 1 reads file 0 at 6, file 1 at 8; file 4 by node 1 at 0 and 2.
-    rows = [(0, 0, 0), (0, 0, 1), (0, 0, 2), (0, 1, 3), (0, 1, 4), (1, 1, 2), (2, 1, 4), (4, 1, 3), (6, 1, 0),
-            (8, 1, 1)]
-    rule = LatestReaders(*reads(rows), me=0, count=5)
-    cache = Cache(np.ones(5, dtype=np.int64), "clairvoyant", capacity=3)
+    """``swaps.keep_given``: node 0 (capacity 4 files of one byte) holds files 0 and 1 for the job, has a copy
+    of file 2, which node 1 read after it, and room for one more. Given files 5, 3 and 4 at once: file 5 is
+    never read again (not kept), file 3 takes the free room and file 4 the copy's place. Then, full of files
+    it holds for the job, a file read sooner than those (file 6) is not kept."""
+    # Reads: files 0-2 by node 0 at step 0; file 2 by node 1 at 1; files 3-6 by node 1 at 0; node 1 reads
+    # file 3 again at 4, file 4 at 2, file 6 at 3, file 0 at 6, file 1 at 8; file 5 never again.
+    rows = [(0, 0, 0), (0, 0, 1), (0, 0, 2), (0, 1, 3), (0, 1, 4), (0, 1, 5), (0, 1, 6), (1, 1, 2), (2, 1, 4),
+            (3, 1, 6), (4, 1, 3), (6, 1, 0), (8, 1, 1)]
+    rule = LatestReaders(*reads(rows), me=0, count=7)
+    cache = Cache(np.ones(7, dtype=np.int64), "clairvoyant", capacity=4)
     cache.holders = rule
     rule.advance(1)
     rule.served(2, 1)  # node 1 fetched file 2 from here for its step 1
     cache.state[[0, 1, 2]] = STAGED
     cache.staged_bytes = 3
     assert rule.kept(np.array([0, 1, 2])).tolist() == [True, True, False]
-    victims = room_to_keep(cache, 3, 1)
-    assert victims.tolist() == [2]
-    cache.state[2] = ABSENT
-    cache.staged_bytes = 2
-    stage_given(cache, 3)
-    assert rule.kept(np.array([3])).tolist() == [True] and cache.state[3] == STAGED
-    # Full of files it holds for the job: file 4 (read at 2, sooner than files 0 and 1) finds no room.
-    assert room_to_keep(cache, 4, 1) is None
+    kept, victims = keep_given(cache, [5, 3, 4])
+    assert kept == {3, 4} and victims.tolist() == [2]
+    assert keep_given(cache, [3])[1].tolist() == [], "one file fits the free room: no copy goes for it"
+    cache.removed(2)
+    for index in (3, 4):
+        stage_given(cache, index)
+    assert rule.kept(np.array([3, 4])).tolist() == [True, True] and cache.state[[3, 4]].tolist() == [STAGED] * 2
+    # Full of files it holds for the job: file 6 (read at 3, sooner than files 0 and 1) finds no room.
+    kept, victims = keep_given(cache, [6])
+    assert kept == set() and not len(victims)
 
 
 def test_swaps_bring_the_engines_replay_near_the_job_wide_optimum_at_a_few_hundred_files_a_node():

@@ -16,7 +16,7 @@ from ..cache import ABSENT
 from ..engine.peers.fetcher import MAX_HOPS
 from ..engine.peers.ownership import NO_OWNER
 from ..engine.peers.protocol import OFFER_MAX
-from ..engine.peers.swaps import room_to_keep, stage_given
+from ..engine.peers.swaps import keep_given, stage_given
 
 
 def asked_of(rules, n, files, owner):
@@ -76,18 +76,18 @@ class GivenShare:
 
 def adopt(cache, rule, files, kept_given):
     """A tracked holder keeps the files given to it where it has room that costs nothing sooner (``swaps.adopt``)."""
+    absent = [g for g in files if cache.state[g] == ABSENT]
     for g in files:
         if cache.state[g] != ABSENT:
             rule.took(g)
-            kept = True
-        else:
-            victims = room_to_keep(cache, g, int(cache.sizes[g]))
-            kept = victims is not None
-            if kept:
-                for index in victims.tolist():
-                    cache.removed(index)
-                stage_given(cache, g)
-        kept_given.gave(cache, rule, g, kept)
+    kept, victims = keep_given(cache, absent)
+    for index in victims.tolist():
+        cache.removed(index)
+    for g in absent:
+        if g in kept:
+            stage_given(cache, g)
+    for g in files:
+        kept_given.gave(cache, rule, g, cache.state[g] != ABSENT)  # there before, or kept
 
 
 def give(replays, rules, n, dropped, owner, sizes, kept_given):
