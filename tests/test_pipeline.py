@@ -261,6 +261,32 @@ def test_an_abandoned_pipeline_is_collected_and_closed(slow_source, tmp_path):
     assert not set(pids) & child_pids() and not os.path.exists(local)
 
 
+def test_no_thread_of_the_pipeline_outlives_the_close_at_the_end_of_the_plan(slow_source, tmp_path):
+    """A daemon thread still running at interpreter exit is ended inside whatever C++ frame it is in,
+    and torch's then abort the process (``terminate called without an active exception``): the last
+    ``next()`` returns only once the coordinator, which ran the shutdown, has ended."""
+    import threading
+    import time
+
+    def slow_end(frame, event, arg):
+        # Widens the window after the coordinator's shutdown said "done" and before its thread ends.
+        if event == "return" and frame.f_code.co_name == "_protocol" and \
+                threading.current_thread().name == "stager-coordinator":
+            time.sleep(0.5)
+        return slow_end if event == "call" and frame.f_code.co_name == "_protocol" else None
+
+    cfg = make_config(slow_source, tmp_path / "local", plan={"epochs": 1}, staging={"prefetchers": 2})
+    threading.settrace(slow_end)
+    try:
+        with Pipeline(cfg) as pipe:
+            batches = sum(1 for _ in pipe)
+            alive = [t.name for t in threading.enumerate() if t.name.startswith("stager-")]
+    finally:
+        threading.settrace(None)
+    assert batches > 0 and pipe.closed
+    assert alive == [], f"threads still running after the last next(): {alive}"
+
+
 def test_a_kept_copy_of_a_changed_source_is_staged_again(tmp_path):
     root = tmp_path / "data"
     make_dataset(str(root), 4, nbytes=2048, progress=False)

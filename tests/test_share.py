@@ -20,7 +20,7 @@ import pytest
 
 from conftest import REPO, stager_cmd
 from helpers.opens import Opens
-from helpers.watch import still_running, wait_for_lines
+from helpers.watch import lines_in, still_running, wait_for_lines
 from stager import plan
 from stager.catalog import Catalog
 from stager.config import PlanConfig
@@ -71,13 +71,18 @@ processes: {{shutdown_timeout_s: 10}}
     return str(path)
 
 
-def start(g, label, ranks=0, **job):
-    """Starts ``stager run`` alone, or under ``mpiexec -n RANKS`` (one emulated node)."""
+def start(g, label, ranks=0, env=None, **job):
+    """Starts ``stager run`` alone, or under ``mpiexec -n RANKS`` (one emulated node).
+
+    Args:
+        env: More environment for this job alone (the loader's hold, ``groupchecks.counted``).
+    """
     rec = g["tmp"] / f"rec-{label}"
     rec.mkdir()
     env = dict(os.environ, TMPDIR=str(g["tmp"]), STAGER_TEST_COPY=str(g["tmp"] / "copy"),
                STAGER_TEST_DECODES=str(g["tmp"] / "decodes"),
-               PYTHONPATH=os.pathsep.join([os.path.join(REPO, "tests", "helpers"), os.environ.get("PYTHONPATH", REPO)]))
+               PYTHONPATH=os.pathsep.join([os.path.join(REPO, "tests", "helpers"), os.environ.get("PYTHONPATH", REPO)]),
+               **(env or {}))
     cmd = stager_cmd("run", write_job(g, label, **job), "--quiet", "--record", str(rec), "--report", str(rec / "r.json"))
     if ranks:
         cmd = [MPIEXEC, "-n", str(ranks), "-env", "STAGER_NODE_ID", "a", *cmd]
@@ -165,16 +170,31 @@ def test_four_jobs_read_each_file_once_and_decode_each_minibatch_once(group):
 @pytest.mark.skipif(not os.path.exists(MPIEXEC), reason=f"no mpiexec at {MPIEXEC} (install .[mpich])")
 def test_two_mpi_jobs_of_two_ranks_share_files_and_decoding_rank_by_rank(group):
     """Under mpiexec every rank attaches on its own; rank r of one job and rank r of the other
-    read the same stream, so each minibatch is decoded once."""
-    with Opens(group["tmp"] / "data") as opens:
-        # Job b starts once job a delivered a minibatch; two ranks under mpiexec take seconds to start on a
-        # slow machine, so a's steps are long enough (18 of 300 ms) for b to find it still running.
-        procs = start_staggered(group, ["a", "b"], ranks=2, compute_ms=300)
-        reports = [finish(p) for p in procs]
-        assert_service_gone(group)
-        read = {path: n for path, n in opens.count().items() if path.endswith(".npy")}
+    read the same stream, so each minibatch is decoded once.
+
+    Job a is held inside a minibatch (its loader waits on a FIFO) until job b's first minibatch came,
+    so b attaches to a's running service however long two ranks take to start: an event decides it,
+    not the length of a step. b takes a's earlier minibatches from the shelf; the held one is
+    published as soon as a goes on, about a second before b would stop waiting for it."""
+    held = expected_order(group, 1, rank=0, size=2)[5][0]  # in rank 0's last minibatch of epoch 1: its first use
+    fifo = str(group["tmp"] / "hold")
+    os.mkfifo(fifo)
+    hold = None
+    try:
+        with Opens(group["tmp"] / "data") as opens:
+            a = start(group, "a", ranks=2, env={"STAGER_TEST_HOLD": fifo, "STAGER_TEST_HOLD_AT": held})
+            assert wait_for_lines(str(a.rec / "rank-0.jsonl"), 1, pid=a.pid), a.communicate()[1]
+            b = start(group, "b", ranks=2)
+            assert wait_for_lines(str(b.rec / "rank-0.jsonl"), 1, pid=b.pid), b.communicate()[1]
+            assert lines_in(str(a.rec / "rank-0.jsonl")) <= 5, "job a was not held"
+            hold = os.open(fifo, os.O_RDWR)  # a writer: a's held decoding goes on
+            reports = [finish(p) for p in (a, b)]
+            assert_service_gone(group)
+            read = {path: n for path, n in opens.count().items() if path.endswith(".npy")}
+    finally:
+        os.close(hold if hold is not None else os.open(fifo, os.O_RDWR))  # never leave a reader held
     assert len(read) == SAMPLES and set(read.values()) == {1}
-    for proc in procs:
+    for proc in (a, b):
         for rank in (0, 1):
             assert [r["samples"] for r in records(proc, rank)] == expected_order(group, 1, rank, 2)
     calls = decode_calls(group)

@@ -187,6 +187,7 @@ class Pipeline(Startup):
             # Another thread is closing (at the end of the plan, the coordinator): return when it is
             # done (every step of the protocol is bounded), with its error if it had one.
             self._ch.shut.wait()
+            self._join_coordinator()
             error, self._close_error = self._close_error, None
             if error is not None:
                 raise error
@@ -222,8 +223,7 @@ class Pipeline(Startup):
             return
         timeout = self._processes.shutdown_timeout_s
         halt(self._ch)
-        if self._coordinator is not None and self._coordinator is not threading.current_thread():
-            self._coordinator.join(timeout=timeout)
+        self._join_coordinator()
         reason = None
         if isinstance(error, Exception) and self._ch.service is not None:
             # The node's other ranks learn why their staging stops.
@@ -232,6 +232,20 @@ class Pipeline(Startup):
         stuck = stop(self._ch, timeout, self._processes.peer_wait_s if wait_for_peers else 0, reason)
         if self._jobdir is not None:
             self._jobdir.remove(stuck)  # only the node leader made it; elsewhere a no-op
+
+    def _join_coordinator(self):
+        """Waits (bounded) for the coordinator thread to end, unless this is it.
+
+        A daemon thread still running when the interpreter exits is ended
+        where it next takes the GIL; inside a C++ extension's frame (torch
+        freeing the last minibatch's tensors as its frames unwind) that
+        ends the whole process with ``std::terminate`` (SIGABRT). So
+        ``close()`` returns only once the thread is gone, also when the
+        coordinator itself ran the shutdown at the end of the plan.
+        """
+        thread = self._coordinator
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=self._processes.shutdown_timeout_s)
 
     def accounting(self, loop_begin=None, loop_end=None):
         """Where this rank's time went so far: ``stager.telemetry.account``'s record.
