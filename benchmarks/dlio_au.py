@@ -10,7 +10,7 @@ the dataset once (under ``--work``); the emulator serves it at
 ``reader.data_loader: pytorch`` (DLIO's ``TorchDataLoader``: a
 ``DataLoader`` with the workload's ``read_threads`` workers) and with
 ``iterators.dlio.StagedDataLoader`` (the same number of readers, the
-workload's ``stager`` section: prefetchers ``auto``), and, as the ceiling
+workload's ``stager`` section: none, the defaults), and, as the ceiling
 that DLIO's own loop sets on this machine, with DLIO's loader on the
 dataset as generated (no emulator, in the page cache). Each run is a fresh
 process tree; AU and samples/s per epoch are DLIO's own (its
@@ -80,11 +80,12 @@ def dlio(workload, data, out, *overrides, cwd):
     return output, cpu
 
 
-def one_run(workload, loader, data, work, rounds_dir):
+def one_run(workload, loader, data, work, rounds_dir, sets=()):
     out = os.path.join(rounds_dir, f"{workload}-{loader}")
     shutil.rmtree(out, ignore_errors=True)
     local = os.path.join(work, "local")
     extra = LOADERS[loader] + ([f"++workload.stager.staging.local_dir={local}"] if loader == "stager" else [])
+    extra += list(sets)
     before = emulator_cpu()
     _, cpu = dlio(workload, data, out, *extra, cwd=work)
     cpu["emulator"] = round(emulator_cpu() - before, 2)
@@ -112,6 +113,9 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--work", default=None, help="where datasets and outputs go (default: a temporary dir)")
     parser.add_argument("--json", default=None)
+    parser.add_argument("--loaders", default=",".join(LOADERS), help="which rows to run (of dlio, stager, ceiling)")
+    parser.add_argument("--stager-set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a stager setting for stager's row (++workload.stager.KEY=VALUE; the defaults without)")
     args = parser.parse_args()
     work = args.work or tempfile.mkdtemp(prefix="stager-dlio-bench-")
     os.makedirs(work, exist_ok=True)
@@ -125,12 +129,13 @@ def main():
                      "++workload.workflow.generate_data=True", "++workload.workflow.train=False", cwd=work)
             mnt = os.path.join(work, workload, "mnt")
             os.makedirs(mnt, exist_ok=True)
-            runs = {loader: [] for loader in LOADERS}
+            runs = {loader: [] for loader in args.loaders.split(",")}
             with SlowFS(data, mnt, open_ms=args.open_ms) as mounted:
                 for r in range(args.rounds):
-                    for loader in LOADERS:
+                    for loader in runs:
                         source = data if loader == "ceiling" else mounted
-                        run = one_run(workload, loader, source, work, os.path.join(work, workload))
+                        run = one_run(workload, loader, source, work, os.path.join(work, workload),
+                                      [f"++workload.stager.{kv}" for kv in args.stager_set] if loader == "stager" else [])
                         runs[loader].append(run)
                         print(f"{workload} round {r + 1} {loader}: AU {run['au']} samples/s {run['samples_per_s']} "
                               f"CPU {run['cpu_s']} {run.get('bottleneck', '')}", flush=True)
@@ -139,6 +144,8 @@ def main():
                                           for k in sorted({k for r in rs for k in r["cpu_s"]})},
                                 "runs": rs} for loader, rs in runs.items()}
             results["workloads"][workload] = summary
+            if "dlio" not in summary or "stager" not in summary:
+                continue
             dlio_au, staged_au = summary["dlio"]["au"], summary["stager"]["au"]
             print(f"{workload}: AU per epoch, DLIO's loader {dlio_au}, stager's {staged_au}: "
                   f"{', '.join(f'{s / d:.1f}x' for s, d in zip(staged_au, dlio_au))}", flush=True)

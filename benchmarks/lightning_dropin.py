@@ -49,6 +49,9 @@ def one(args):
             train = ImageFolder(args.data, transform=transforms())
             if args.one == "dataloader":
                 return DataLoader(train, batch_size=BATCH, shuffle=True, num_workers=args.w, persistent_workers=True)
+            if not args.in_flight:  # the one-line change: DataLoader's arguments, stager's defaults
+                return StagedLoader(train, batch_size=BATCH, shuffle=True, num_workers=args.w,
+                                    config={"staging": {"local_dir": args.local}})
             return StagedLoader(train, batch_size=BATCH, shuffle=True, num_workers=readers(args.w),
                                 config={"staging": {"local_dir": args.local, "prefetchers": 1},
                                         "dataset": {"requests_in_flight": args.in_flight}})
@@ -131,7 +134,8 @@ def main():
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--workers", default="1,2,4",
                         help="W: DataLoader workers a rank; StagedLoader max(1, W - 1) readers a rank")
-    parser.add_argument("--in-flight", type=int, default=8, help="files the node's prefetcher keeps in flight")
+    parser.add_argument("--in-flight", type=int, default=8,
+                        help="files the node's prefetcher keeps in flight; 0: stager's defaults with num_workers=W")
     parser.add_argument("--json", help="write the results here")
     for hidden in ("--one", "--data", "--local", "--out"):
         parser.add_argument(hidden, help=argparse.SUPPRESS)

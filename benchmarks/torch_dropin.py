@@ -60,6 +60,9 @@ def one(args):
     train = ImageFolder(args.data, transform=transforms())
     if args.one == "dataloader":
         loader = DataLoader(train, batch_size=BATCH, shuffle=True, num_workers=args.n, persistent_workers=True)
+    elif not args.in_flight:  # the one-line change: DataLoader's arguments, stager's defaults
+        loader = StagedLoader(train, batch_size=BATCH, shuffle=True, num_workers=args.n,
+                              config={"staging": {"local_dir": args.local}})
     else:
         loader = StagedLoader(train, batch_size=BATCH, shuffle=True, num_workers=args.n - 1,
                               config={"staging": {"local_dir": args.local, "prefetchers": 1},
@@ -144,7 +147,8 @@ def main():
     parser.add_argument("--open-ms", type=float, default=10.0)
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--processes", default="2,4,8", help="N: DataLoader workers, StagedLoader's processes")
-    parser.add_argument("--in-flight", type=int, default=8, help="files StagedLoader's prefetcher keeps in flight")
+    parser.add_argument("--in-flight", type=int, default=8,
+                        help="files StagedLoader's prefetcher keeps in flight; 0: stager's defaults, num_workers=N")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     parser.add_argument("--n", type=int, help=argparse.SUPPRESS)

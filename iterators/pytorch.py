@@ -27,6 +27,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from stager import Catalog, Pipeline
 from stager import plan as planlib
 from stager.config import Config
+from stager.sources import SourceStalled
 from stager.world import agree, detect
 
 from ._source import resolve, staging_settings
@@ -202,8 +203,15 @@ class StagedLoader(IterableDataset):
             self.set_epoch(self._sampler.epoch)
         if self._position and self._left(self._position) == 0:  # resumed exactly at the end of an epoch
             self._epoch, self._position = self._epoch + 1, 0
-        pipe = self._pipeline()
         epoch = self._epoch
+        try:
+            pipe = self._pipeline()
+        except SourceStalled as exc:
+            if not self.timeout:
+                raise
+            # The start's probe of the first files waited past ``timeout``: DataLoader's convention too.
+            raise RuntimeError(f"StagedLoader timed out after {self.timeout} seconds waiting for a minibatch "
+                               f"of epoch {epoch} (position {self._position}): {exc}") from exc
         while True:
             try:
                 batch = pipe.take(self.timeout or None)

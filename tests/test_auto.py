@@ -140,7 +140,9 @@ def test_shrink_keeps_one_worker(tmp_path):
 def test_auto_grows_the_prefetchers_when_the_source_gets_slower_than_the_pool_covers(many_files, tmp_path):
     slow = SlowFS(many_files, open_ms=25.0, mbps=0)
     with slow as mnt:
-        cfg = make_config(mnt, tmp_path / "local", dataset={"loader": "raw"}, plan={"batch_size": 8, "epochs": 1},
+        # One file in flight a prefetcher (set): the pool of processes is what follows the source.
+        cfg = make_config(mnt, tmp_path / "local", dataset={"loader": "raw", "requests_in_flight": 1},
+                          plan={"batch_size": 8, "epochs": 1},
                           staging={"prefetchers": "auto", "lookahead": 8}, reader={"workers": "auto"})
         catalog = load_catalog(cfg)
         seen, payload, slowed_at, slowed_pool = [], [], None, None

@@ -24,7 +24,7 @@ def test_unknown_key_is_named_with_the_valid_keys_and_defaults(tmp_path):
         load_config(path)
     text = str(info.value)
     assert path in text and "'staging.prefetcher'" in text
-    assert "prefetchers = 4" in text and "lookahead = 'auto'" in text
+    assert "prefetchers = 'auto'" in text and "lookahead = 'auto'" in text
 
 
 def test_unknown_section_is_named(tmp_path):

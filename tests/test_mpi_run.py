@@ -295,7 +295,7 @@ def test_a_job_ended_by_one_rank_keeps_the_records_of_every_delivered_minibatch(
     state = tmp_path / "state.json"
     proc = mpirun(LAYOUTS["4 ranks on 2 nodes"],
                   ["run", job, "--quiet", "--record", str(rec),
-                   "--set", "dataset.loader=faults:hold_then_fail_on_rank_2", "--set", "reader.workers=1", "--set", "plan.epochs=0", "--set", f"run.state_file={state}"],
+                   "--set", "dataset.loader=faults:hold_then_fail_on_rank_2", "--set", "reader.workers=1", "--set", "staging.prefetchers=2", "--set", "plan.epochs=0", "--set", f"run.state_file={state}"],
                   tmp_path, timeout=120, env=env)
     assert proc.returncode != 0
     if fault == "fail":

@@ -27,11 +27,13 @@ dataset: {{source: data, manifest: manifest.tsv, format: tar, loader: "shardchec
 synthetic: {{samples: {SAMPLES}, bytes: 3000, per_shard: {PER_SHARD}}}
 slowfs: {{enabled: true, open_ms: 2}}
 plan: {{batch_size: 5, epochs: {EPOCHS}, seed: 3, shuffle_algorithm: shards, shard_window: 3}}
-staging: {{local_dir: local, lookahead: 4, peers: partition}}
+staging: {{local_dir: local, lookahead: 4, peers: partition, prefetchers: 4}}
+reader: {{workers: 2}}
 """)
     job = make_job_data(tmp_path / "job.yaml")
     rec = tmp_path / "rec"
-    # The readers check each sample against a copy, so that the opens counted are stager's alone.
+    # The readers check each sample against a copy, so that the opens counted are stager's alone. The counts
+    # are set: a start's probe of containers (auto) would open a few of them once more.
     shutil.copytree(tmp_path / "data", tmp_path / "reference")
     env = dict(helper_env(tmp_path), STAGER_TEST_SOURCE=str(tmp_path / "reference"))
     with Opens(tmp_path / "data") as opens:

@@ -108,9 +108,13 @@ def test_the_probe_of_auto_counts_on_a_hung_source_ends_the_start_naming_a_file(
 
 
 def test_a_run_whose_listing_is_local_then_fails_in_its_prefetchers(tmp_path, hung):
-    # The case: the manifest on local disk, the samples behind the hung mount.
+    # The case: the manifest on local disk, the samples behind the hung mount. Counts set: with
+    # auto ones the start's probe meets the hung source first (the test above).
     data, mnt = hung
-    proc, took = run(tmp_path, job(tmp_path, mnt, manifest=os.path.join(data, "manifest.tsv")))
+    config = job(tmp_path, mnt, manifest=os.path.join(data, "manifest.tsv"))
+    with open(config, "a") as fh:
+        fh.write("reader: {workers: 2}\n")
+    proc, took = run(tmp_path, config)
     assert proc.returncode == 2
     assert re.search(r"stager-prefetch-\d \(pid \d+\) has waited [2-9] s for " + re.escape(mnt), proc.stderr)
     assert took < 2 + 1 + 2 + 6 + 10, took

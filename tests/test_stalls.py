@@ -82,6 +82,8 @@ staging:
   local_dir: {tmp_path / 'local'}
   prefetchers: 2
   stall_timeout_s: 0
+reader:
+  workers: 2
 processes:
   shutdown_timeout_s: 1
 """)

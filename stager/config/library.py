@@ -58,7 +58,9 @@ class DatasetConfig:
             ``AWS_PROFILE``), never from this file.
         requests_in_flight: Files (objects) each prefetcher fetches at once,
             in threads, to cover the source's latency per file without more
-            processes: the threads wait, the process's CPU is shared. None:
+            processes: the threads wait, the process's CPU is shared.
+            ``auto``: tuned with ``staging.prefetchers: auto`` (threads before
+            processes, docs/counts.md); else, as None, the source's default:
             16 for object stores (one connection pool), 1 for file trees.
         retries: For object stores, how many times a throttled (503
             SlowDown, 5xx) or timed out request is retried, with exponential
@@ -80,7 +82,7 @@ class DatasetConfig:
     catalog: Optional[str] = path_field(None)
     broadcast_max: int = 1_000_000
     endpoint_url: Optional[str] = None
-    requests_in_flight: Optional[int] = None
+    requests_in_flight: Union[int, str, None] = "auto"
     retries: int = 5
     request_timeout_s: float = 10.0
 
@@ -98,8 +100,8 @@ class DatasetConfig:
         require(self.broadcast_max >= 0, "dataset.broadcast_max must be 0 (always map a catalog file) or more")
         require(self.endpoint_url is None or "://" in self.endpoint_url,
                 f"dataset.endpoint_url must be a URL such as http://host:port, not {self.endpoint_url!r}")
-        require(self.requests_in_flight is None or self.requests_in_flight >= 1,
-                "dataset.requests_in_flight must be at least 1 (or null: the source's default)")
+        if self.requests_in_flight is not None:
+            check_count(self.requests_in_flight, "dataset.requests_in_flight")
         require(self.retries >= 0, "dataset.retries must be 0 or more")
         require(self.request_timeout_s > 0, "dataset.request_timeout_s must be positive")
 
@@ -173,10 +175,11 @@ class StagingConfig:
             ``$TMPDIR``, then ``/tmp``. Checked at start (reliability page).
         job_id: Name of this job's directory under local_dir. None:
             ``$SLURM_JOB_ID``, else a generated id.
-        prefetchers: Prefetcher processes of the node, or ``auto``: chosen
-            at start from a probe of the source and this machine's cores and
-            memory (``stager.model``), then grown or shrunk while running as
-            the measured rates change.
+        prefetchers: Prefetcher processes of the node, or ``auto`` (the
+            default): chosen at start from a probe of the plan's first files
+            and this machine's cores and memory (``stager.model``), then
+            grown or shrunk while running as the measured rates change, files
+            in flight before processes (docs/counts.md).
         lookahead: Minibatches staged ahead of the one being consumed, or
             ``auto``: 16, cut where the node's capacity is tight to the
             deepest look-ahead (at least 2) that leaves room beside it for
@@ -256,7 +259,7 @@ class StagingConfig:
     enabled: bool = True
     local_dir: Optional[str] = path_field(None)
     job_id: Optional[str] = None
-    prefetchers: Union[int, str] = 4
+    prefetchers: Union[int, str] = "auto"
     lookahead: Union[int, str] = "auto"
     files_per_task: int = 0
     node_schedule: str = choice_field("deadline", ("deadline", "arrival"))
@@ -301,12 +304,12 @@ class ReaderConfig:
     """Turning staged files into decoded minibatches (stage 3).
 
     Attributes:
-        workers: Reader processes of each rank, or ``auto`` (as
-            ``staging.prefetchers``).
+        workers: Reader processes of each rank, or ``auto`` (the default, as
+            ``staging.prefetchers``); a front end's ``num_workers`` sets it.
         ahead: Minibatches decoded ahead of the consumer; 0 = 2 x workers.
     """
 
-    workers: Union[int, str] = 2
+    workers: Union[int, str] = "auto"
     ahead: int = 0
 
     def __post_init__(self):

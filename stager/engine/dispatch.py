@@ -99,7 +99,7 @@ class Dispatch:
             self.deadlines.done(msg.task)
             self.feed()
             if self.s.resizer is not None:
-                self.s.resizer.finished(len(msg.done), msg.seconds, msg.cpu_s)
+                self.s.resizer.staged(msg)
 
     @property
     def split(self):
@@ -109,12 +109,18 @@ class Dispatch:
         before they are handed out, and tasks sized for the smaller pool would
         leave the new prefetchers without work.
         """
-        size = self.s.pool.size
+        size = self.takers()
         return size if self.s.resizer is None else max(size, AUTO_TASKS)
 
+    def takers(self):
+        """Tasks the pool works on at once: one a prefetcher, or one a file in flight where those are tuned."""
+        resizer = self.s.resizer
+        return resizer.size() if resizer is not None and resizer.threads is not None else self.s.pool.size
+
     def feed(self):
-        """Keeps each prefetcher of the pool, as large as it is now, given its next task."""
-        self.deadlines.feed(self.s.pool.size)
+        """Keeps each prefetcher of the pool (each file in flight, where tuned), as large as it is now, given its
+        next task."""
+        self.deadlines.feed(self.takers())
 
     def seconds(self, request):
         """``(seconds, span)`` of ``request``'s tasks, forgotten once asked.
@@ -125,12 +131,12 @@ class Dispatch:
         """
         times = [self.task_time.pop(t, None) or 0.0 for t in request.tasks]
         total = sum(times)
-        return total, max(max(times, default=0.0), total / max(1, self.s.pool.size))
+        return total, max(max(times, default=0.0), total / max(1, self.takers()))
 
     def spare(self):
         """Whether a prefetcher could take more: no task waits, and fewer are handed out than the pool
         works on at once (one task a prefetcher; two with fetch threads, as many as ``feed`` hands out)."""
-        at_once = self.s.pool.size * (2 if getattr(self.s.source, "concurrency", 1) > 1 else 1)
+        at_once = self.takers() * (2 if getattr(self.s.source, "concurrency", 1) > 1 else 1)
         return not len(self.deadlines) and self.deadlines.handed_out < at_once
 
     def forget(self, request):

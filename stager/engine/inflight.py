@@ -12,7 +12,11 @@ takes another task from the shared queue whenever fewer files than threads
 are in flight, and replies for each task as soon as its last file is local,
 whatever order the tasks finish in. The bound keeps a prefetcher from
 hoarding tasks another one could start: it holds at most ``threads - 1``
-files in flight plus one task's files.
+files in flight plus one task's files. With ``requests_in_flight: auto``
+the bound is a shared integer the service's tuner moves while running
+(threads are started as the bound first needs them). Each file's fetch is
+timed on its thread's own clocks (``perf.clock``), so the reply tells the
+tuner how much of the time was waiting on the source.
 """
 
 import threading
@@ -20,17 +24,26 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from .messages import Failure, Staged
+from .perf.clock import Span
 
 WAIT_S = 0.5  # how often a prefetcher waiting for a free thread looks at the stop event
+LIMIT_WAIT_S = 0.05  # with a moving bound: how soon a raised bound starts more fetches
 
 
 class _Open:
     """A task whose files are being fetched."""
 
-    __slots__ = ("task", "start", "left", "done")
+    __slots__ = ("task", "start", "left", "done", "busy_s", "cpu_s", "queued_s")
 
     def __init__(self, task):
         self.task, self.start, self.left, self.done = task, time.perf_counter(), len(task.files), []
+        self.busy_s, self.cpu_s, self.queued_s = 0.0, 0.0, 0.0
+
+    def timed(self, span):
+        """Adds one file's fetch (a stopped ``Span``); the caller holds the lock."""
+        self.busy_s += span.wall_s
+        self.cpu_s += span.cpu_s
+        self.queued_s = None if span.queued_s is None or self.queued_s is None else self.queued_s + span.queued_s
 
 
 class InFlight:
@@ -42,16 +55,19 @@ class InFlight:
         stop: The pool's stop event.
         source: The ``Source`` to fetch from.
         dst_root: The job's node-local directory.
-        threads: Fetches at once (``source.concurrency``).
+        threads: The most fetches at once (``source.concurrency``).
         fetch: ``fetch(source, dst_root, index, rel, size, mtime_ns)`` ->
             ``(index, bytes or NO_SPACE)`` (``workers._fetch``).
         progress: The service's ``stalls.Progress``, told which file each
             thread waits for, or None.
+        limit: A shared integer, the fetches at once now (at most
+            ``threads``), or None: ``threads``.
     """
 
-    def __init__(self, worker, reply, stop, source, dst_root, threads, fetch, progress=None):
+    def __init__(self, worker, reply, stop, source, dst_root, threads, fetch, progress=None, limit=None):
         self.worker, self.reply, self.stop = worker, reply, stop
-        self.source, self.dst_root, self.threads, self.fetch = source, dst_root, threads, fetch
+        self.source, self.dst_root, self.most, self.fetch = source, dst_root, threads, fetch
+        self.limit = limit
         self.progress = progress
         self.pool = ThreadPoolExecutor(threads, "stager-fetch", initializer=self._name_thread)
         self.local = threading.local()
@@ -60,6 +76,11 @@ class InFlight:
         self.busy = 0            # files submitted and not finished
         self.failed = False      # a Failure was sent: drop every task from now on
         self.send_lock = threading.Lock()  # replies come from the fetch threads
+
+    @property
+    def threads(self):
+        """Fetches at once now."""
+        return self.most if self.limit is None else max(1, min(self.most, self.limit.value))
 
     def run(self, tasks):
         """Fetches every task of ``tasks`` (an iterator of ``StageTask``), then returns.
@@ -81,7 +102,7 @@ class InFlight:
                     self.pool.submit(self._one, opened, file)
                 with self.cond:
                     while self.busy >= self.threads and not self.stop.is_set() and not self.failed:
-                        self.cond.wait(WAIT_S)
+                        self.cond.wait(WAIT_S if self.limit is None else LIMIT_WAIT_S)
         finally:
             # Told to stop, drop what is left; at the end of the tasks, finish
             # the files in flight, as a prefetcher taking one task at a time would.
@@ -100,9 +121,11 @@ class InFlight:
         try:
             if self.progress is not None:
                 self.progress.on(self.worker, file[0], task.epoch, task.step, thread)
+            span = Span().start()
             try:
                 result = self.fetch(self.source, self.dst_root, *file)
             finally:
+                span.stop()
                 if self.progress is not None:
                     self.progress.idle(self.worker, thread)
         except Exception as exc:  # reported once, with its context; the service then stops us
@@ -119,11 +142,13 @@ class InFlight:
             return
         with self.cond:
             opened.done.append(result)
+            opened.timed(span)
             opened.left -= 1
             complete = not opened.left and not self.failed
         if complete and not self.stop.is_set():
             task = opened.task
-            self._send(Staged(task.task, self.worker, opened.done, time.perf_counter() - opened.start, task.epoch))
+            self._send(Staged(task.task, self.worker, opened.done, time.perf_counter() - opened.start, task.epoch,
+                              cpu_s=opened.cpu_s, busy_s=opened.busy_s, queued_s=opened.queued_s))
         self._finished()
 
     def _finished(self):

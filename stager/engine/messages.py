@@ -217,8 +217,11 @@ class Staged:
     ``route`` says where the bytes came from: ``source`` (the shared file
     system), ``peer`` (another node leader's copy) or ``fallback`` (the
     shared file system, because the leader holding the file stalled or left).
-    ``cpu_s``: the prefetcher's CPU seconds on the task, where it can tell
-    them apart (one task at a time), else None.
+    ``seconds`` is the task's span (handed out to done). ``busy_s``: the
+    seconds its files each kept a fetch going, summed (the span where they
+    were fetched one after another; None: ``seconds``); ``cpu_s`` of them on a
+    core and ``queued_s`` waiting for one (``perf.clock``), each None where
+    not known: the rest waited on the source.
     """
 
     task: int
@@ -228,6 +231,8 @@ class Staged:
     epoch: int
     route: str = "source"
     cpu_s: Optional[float] = None
+    busy_s: Optional[float] = None
+    queued_s: Optional[float] = None
 
 
 @dataclass(frozen=True, slots=True)

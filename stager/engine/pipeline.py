@@ -116,20 +116,33 @@ class Pipeline(Startup):
 
     def counts_timeline(self):
         """The counts as they started and after each change:
-        ``[{"t", "prefetchers", "in_flight", "readers", "lookahead"}]``.
+        ``[{"t", "prefetchers", "in_flight", "readers", "lookahead", "why"}]``.
 
         ``t`` is seconds since the pipeline started. Prefetchers are the node's
-        (0 with staging off); their changes are seen on the node's leader.
-        ``lookahead``: minibatches this rank asks for ahead (``auto`` goes
-        deeper where the source's latency needs it; 0 with staging off).
+        (0 with staging off); their changes, and why each was made, are seen
+        on the node's leader. ``in_flight``: files each prefetcher fetches at
+        once. ``lookahead``: minibatches this rank asks for ahead (``auto``
+        goes deeper where the source's latency needs it; 0 with staging off).
+        ``why``: what chose the counts at start, the rule behind each change.
         """
         prefetchers, readers = self.counts
+        rates = self._auto
+        why = "as configured" if rates is None else (
+            f"auto, from a probe: open {rates.open_s * 1000:.1f} ms, {rates.read_s * 1000:.2f} ms to decode a file, "
+            f"{rates.cpu_s * 1000:.2f} ms CPU a file, {rates.cores:g} cores")
         row = {"t": 0.0, "prefetchers": prefetchers if self._staging.enabled else 0, "in_flight": self._in_flight,
-               "readers": readers, "lookahead": self._ahead() if self._staging.enabled else 0}
+               "readers": readers, "lookahead": self._ahead() if self._staging.enabled else 0, "why": why}
         rows = [dict(row)]
-        names = {autocounts.PREFETCH: "prefetchers", autocounts.READ: "readers", tm.POOL_LOOKAHEAD: "lookahead"}
+        names = {autocounts.PREFETCH: "prefetchers", autocounts.READ: "readers", tm.POOL_LOOKAHEAD: "lookahead",
+                 tm.POOL_IN_FLIGHT: "in_flight"}
+        service, readers = self._ch.service, self._ch.read_resizer
+        reasons = {autocounts.PREFETCH: iter(service.resizer.why if service and service.resizer else ()),
+                   autocounts.READ: iter(readers.why if readers is not None else ())}
+        reasons[tm.POOL_IN_FLIGHT] = reasons[autocounts.PREFETCH]  # one list, in the order recorded
         for t, _, stage, size, _ in self.stats.telemetry.events([tm.RESIZED]):
-            row.update({"t": round(t, 4), names[stage]: size})
+            why = ("the source's latency over the step needs another depth" if stage == tm.POOL_LOOKAHEAD
+                   else next(reasons[stage], ""))
+            row.update({"t": round(t, 4), names[stage]: size, "why": why})
             rows.append(dict(row))
         return rows
 

@@ -27,7 +27,6 @@ import queue
 import secrets
 import threading
 
-from .autocounts import PREFETCH, PoolResizer
 from .messages import Fail, Failure
 from .service_loop import ServiceLoop
 from .stalls import Progress
@@ -87,14 +86,16 @@ class StagingService(Doorway):
             from the source.
         keep_fds: Descriptors the prefetchers keep open (see ``WorkerPool``).
         peers: The node leader's ``peers.Peers`` (``staging.peers``), or None.
-        auto_limit: With ``staging.prefetchers: auto``, the most prefetchers
-            the pool may grow to while running; None: a fixed count.
-        source_limit: With ``auto_limit``, an optional callable ``(seconds
-            per file) -> prefetchers`` below it (``autocounts.source_limit``).
+        auto: With ``staging.prefetchers: auto``, an ``autocounts.AutoFetch``
+            (how far the pool may grow while running, the files in flight it
+            starts with); None: a fixed count.
+        probed: ``{file index: bytes}`` the start's probe left in
+            ``local_dir`` (``auto`` counts): a prefetcher finds them there,
+            and they are counted as staged from the source with these bytes.
     """
 
     def __init__(self, staging, processes, catalog, source, local_dir, remote_clients, telemetry, cache,
-                 on_staged=None, keep_fds=(), peers=None, auto_limit=None, source_limit=None):
+                 on_staged=None, keep_fds=(), peers=None, auto=None, probed=None):
         super().__init__()
         self.staging = staging
         self.cache = cache
@@ -107,9 +108,9 @@ class StagingService(Doorway):
         self.on_staged = on_staged
         self.keep_fds = keep_fds
         self.peers = peers
-        self.auto_limit = auto_limit
-        self.source_limit = source_limit
-        self.resizer = None  # an autocounts.PoolResizer with auto_limit
+        self.auto = auto
+        self.resizer = None  # an autocounts.PoolResizer with auto
+        self.probed = dict(probed or {})  # the probe's copies, not yet asked for
         self.address = _socket_address(local_dir) if remote_clients else None
         self.authkey = secrets.token_bytes(32)
         self.pool = None
@@ -126,12 +127,15 @@ class StagingService(Doorway):
             The leader's own client connection.
         """
         # The board has a row for every prefetcher an ``auto`` pool may grow to.
-        self.progress = Progress(ctx, max(self.staging.prefetchers, self.auto_limit or 0),
-                                 getattr(self.source, "concurrency", 1))
+        auto = self.auto
+        most = getattr(self.source, "concurrency", 1)
+        self.progress = Progress(ctx, max(self.staging.prefetchers, auto.limit if auto else 0), most)
+        # Tuned files in flight: one bound the tuner moves, read by every prefetcher (no lock: one writer).
+        in_flight = ctx.Value("i", auto.in_flight, lock=False) if auto and auto.in_flight else None
         self.pool = WorkerPool(ctx, "prefetch", "stager-prefetch", self.staging.prefetchers, prefetcher_main,
-                               (self.source, self.local_dir, self.progress), self.keep_fds)
-        if self.auto_limit:
-            self.resizer = PoolResizer(self.pool, PREFETCH, self.auto_limit, self.telemetry, limit=self.source_limit)
+                               (self.source, self.local_dir, self.progress, in_flight), self.keep_fds)
+        if auto is not None:
+            self.resizer = auto.resizer(self.pool, self.telemetry, in_flight, most)
         if self.peers is not None:
             self.peers.start()
         if self.remote_clients:

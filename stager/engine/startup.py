@@ -19,10 +19,12 @@ from dataclasses import replace
 
 from . import autocounts
 from . import group
+from . import perf
 from .coordinator import Coordinator
 from .deepening import Deepening
 from .limits import check_worker_counts
 from .messages import Hello
+from .perf.probe import first_files
 from .peers import node_peers
 from .service import StagingService
 from .wire import Ring
@@ -59,8 +61,9 @@ class Startup:
             self.catalog = agreed_catalog(world.comm, self._dataset, self._staging.stall_timeout_s)
         spec, minibatches = self._rank_plan()
         ch, ctx = self._ch, multiprocessing.get_context(self._processes.start_method)
-        source = open_source(self.catalog.root, self._dataset, self._staging.verify)
-        self._in_flight = getattr(source, "concurrency", 1)
+        tuned = autocounts.tunes_in_flight(self._staging, self._dataset)
+        source = open_source(self.catalog.root, self._dataset, self._staging.verify,
+                             perf.MAX_IN_FLIGHT if tuned else None)
         if not self._staging.enabled or world.node_leader:
             try:
                 # Workers forked from here inherit what the source prepares (an object store's session).
@@ -70,9 +73,26 @@ class Startup:
         auto_prefetch, auto_read = (autocounts.is_auto(self._staging.prefetchers),
                                     autocounts.is_auto(self._reader.workers))
         shared = world.node_comm is not None and world.local_size > 1
-        self._staging, self._reader, self._auto = autocounts.resolve(
+        own_dir = self._staging.enabled and not self._staging.share
+        if own_dir:
+            self._jobdir = JobDir(self._staging, self.catalog.root, agreed_job_id(self._staging, world), world)
+            self._jobdirs.append(self._jobdir)
+        # The probe reads the plan's first files; into the job's directory, where the prefetchers find them.
+        # (Not yet containers: a shard's samples are probed, spread, in a directory of the probe's own.)
+        first = None
+        if hasattr(spec, "minibatches") and self.catalog.containers is None:
+            first = first_files(self.catalog, spec.minibatches(world.rank))
+        self._staging, self._reader, self._auto, in_flight = autocounts.resolve(
             self._staging, self._reader, self._dataset, getattr(spec, "batch_size", self._plan_cfg.batch_size),
-            self.catalog, source, world.node_comm if shared else None, self._loader)
+            self.catalog, source, world.node_comm if shared else None, self._loader, first,
+            self._jobdir.create if own_dir and first else None)
+        self._in_flight = in_flight or getattr(source, "concurrency", 1)
+        auto = None
+        if auto_prefetch and self._staging.enabled:
+            auto = autocounts.AutoFetch.of(self._auto, in_flight, getattr(source, "concurrency", 1))
+        self._probed = {}  # the probe's copies in the job's directory, which the service counts as staged
+        if self._auto is not None and own_dir and first and world.node_leader:
+            self._probed = {f: int(self.catalog.files.sizes[f]) for f in self.catalog.file_index(first).tolist()}
         # The counts as they start (auto ones resolved), before any worker or directory exists.
         check_worker_counts(self._staging, self._reader, world.local_size, world.node_leader)
         if auto_read and not self._reader.ahead:
@@ -93,11 +113,8 @@ class Startup:
                 ch.shelf_ring = Ring() if ch.claims else None
                 ch.send(Hello(world.rank, spec, stream, self._ahead()))
             elif self._staging.enabled:
-                self._jobdir = JobDir(self._staging, self.catalog.root, agreed_job_id(self._staging, world), world)
-                self._jobdirs.append(self._jobdir)
                 self.local_dir = self._jobdir.path
-                read_root = self._connect_service(ctx, source, spec, self._join_peers(),
-                                                  autocounts.prefetcher_limit(self._auto) if auto_prefetch else None)
+                read_root = self._connect_service(ctx, source, spec, self._join_peers(), auto)
                 ch.send(Hello(world.rank, spec, ahead=self._ahead()))
             read_ahead = self._reader.ahead or 2 * self._reader.workers
             deepening = None
@@ -145,7 +162,7 @@ class Startup:
                               "the job under mpiexec or srun, or set staging.peers: off")
         return split_leaders(world)
 
-    def _connect_service(self, ctx, source, spec, peer_link, auto_limit=None):
+    def _connect_service(self, ctx, source, spec, peer_link, fetch_auto=None):
         """Starts (leader) or joins (other ranks) the node's staging service.
 
         Args:
@@ -153,7 +170,7 @@ class Startup:
             source: The ``Source`` the prefetchers fetch from.
             spec: This rank's plan description, or None.
             peer_link: ``world.split_leaders``'s result (``staging.peers``), or None.
-            auto_limit: With ``staging.prefetchers: auto``, the most the pool may grow to.
+            fetch_auto: With ``staging.prefetchers: auto``, an ``autocounts.AutoFetch``.
 
         Returns:
             The node-local directory to read staged files from.
@@ -179,13 +196,15 @@ class Startup:
                           self.catalog.file_index)
             peers = None
             if peer_link is not None:
-                peers = node_peers(peer_link, spec, self.catalog, source, path, self._staging.prefetchers,
+                # As many peer fetch threads as prefetchers, or as files they keep in flight where tuned.
+                peers = node_peers(peer_link, spec, self.catalog, source, path,
+                                   self._staging.prefetchers * (fetch_auto.in_flight or 1 if fetch_auto else 1),
                                    self.stats.telemetry, self._staging.peer_choice, self._staging.stall_timeout_s,
                                    self._staging.peer_swaps)
                 peers.keep_in(cache)
             ch.service = StagingService(self._staging, self._processes, self.catalog, source, path, ranks - 1,
                                         self.stats.telemetry, cache, self._on_staged, self._jobdir.keep_open(),
-                                        peers, auto_limit, autocounts.source_limit(self._auto) if auto_limit else None)
+                                        peers, fetch_auto, self._probed)
             ch.client = ch.service.start(ctx)
             return path, ch.service.address, ch.service.authkey, ahead, deepest
 

@@ -20,6 +20,7 @@ from . import wire
 from . import batchfile
 from .inflight import InFlight
 from .messages import Decoded, Failure, Staged
+from .perf.clock import Span
 from ..formats import make_decoder
 from ..telemetry import NO_SPACE, PRESENT
 
@@ -50,7 +51,7 @@ def _fetch(source, dst_root, index, rel, size, mtime_ns):
         return index, NO_SPACE  # the service makes room and retries
 
 
-def prefetcher_main(worker, parent_pid, tasks, reply, stop, source, dst_root, progress=None):
+def prefetcher_main(worker, parent_pid, tasks, reply, stop, source, dst_root, progress=None, in_flight=None):
     """Fetches each ``StageTask``'s files into node-local storage and replies ``Staged``.
 
     Args:
@@ -58,6 +59,10 @@ def prefetcher_main(worker, parent_pid, tasks, reply, stop, source, dst_root, pr
         dst_root: The job's node-local directory.
         progress: The service's ``stalls.Progress``, told which file this
             prefetcher waits for, so that a stalled source is noticed.
+        in_flight: With ``dataset.requests_in_flight: auto``, a shared
+            integer: the files each prefetcher keeps in flight now, which
+            the service's tuner changes while running (at most
+            ``source.concurrency``); None: ``source.concurrency``, fixed.
     """
     try:
         # The source's per-process state (a client) is made before the first task waits for it.
@@ -65,17 +70,17 @@ def prefetcher_main(worker, parent_pid, tasks, reply, stop, source, dst_root, pr
     except Exception:
         pass  # the first fetch meets the same error and reports it with its task's context
     threads = getattr(source, "concurrency", 1)
-    if threads > 1:
+    if threads > 1 or in_flight is not None:
         # A source with latency per file (an object store, a shared file system): several tasks' files
         # in flight at once, in threads.
-        InFlight(worker, reply, stop, source, dst_root, threads, _fetch, progress).run(
+        InFlight(worker, reply, stop, source, dst_root, threads, _fetch, progress, in_flight).run(
             _tasks(tasks, stop, parent_pid))
         return
     failed = False
     for task in _tasks(tasks, stop, parent_pid):
         if failed:
             continue
-        start, cpu = time.perf_counter(), time.process_time()
+        span = Span().start()
         done = []
         rel = None
         try:
@@ -95,8 +100,9 @@ def prefetcher_main(worker, parent_pid, tasks, reply, stop, source, dst_root, pr
         finally:
             if progress is not None:
                 progress.idle(worker)
-        reply.send(Staged(task.task, worker, done, time.perf_counter() - start, task.epoch,
-                          cpu_s=time.process_time() - cpu))
+        span.stop()
+        reply.send(Staged(task.task, worker, done, span.wall_s, task.epoch, cpu_s=span.cpu_s,
+                          queued_s=span.queued_s))
 
 
 def reader_main(worker, parent_pid, tasks, reply, stop, root, loader, loader_options, rings):

@@ -17,7 +17,7 @@ DEMO = {
     "synthetic": {"samples": 2048, "bytes": 110_000, "classes": 10, "seed": 0},
     "slowfs": {"enabled": True, "open_ms": 20.0, "mbps": 200.0},
     "plan": {"batch_size": 32, "epochs": 1, "seed": 0, "shuffle": True, "drop_last": False},
-    "staging": {"enabled": True, "prefetchers": 8, "lookahead": "auto"},
+    "staging": {"enabled": True},  # the counts are the defaults: chosen at start, followed while running
     "reader": {"workers": 2},
     "run": {"compute_ms": 20.0},
 }
@@ -54,7 +54,10 @@ def run_demo(samples=None, out=print, progress=True):
         direct = run_job(cfg.replace(staging={"enabled": False}), progress=progress)
         out("")
         out(f"{'method':<44} {'wall s':>8} {'samples/s':>10} {'stall':>7}")
-        rows = [(f"stager ({cfg.staging.prefetchers} prefetchers + {cfg.reader.workers} readers)", staged),
+        start = (staged.get("counts_timeline") or [{}])[0]
+        counts = (f"{start['prefetchers']} x {start['in_flight']} in flight" if start else
+                  f"{cfg.staging.prefetchers} prefetchers")
+        rows = [(f"stager ({counts} + {cfg.reader.workers} readers)", staged),
                 (f"direct ({cfg.reader.workers} readers on the slow file system)", direct)]
         for name, r in rows:
             out(f"{name:<44} {r['wall_s']:>8.2f} {r['samples_per_s']:>10.1f} {r['stall_fraction']:>7.1%}")

@@ -32,7 +32,7 @@ from .s3 import S3Source
 SOURCES = {"file": PosixSource, "s3": S3Source}
 
 
-def open_source(location, dataset=None, verify="size"):
+def open_source(location, dataset=None, verify="size", most_in_flight=None):
     """The source for ``dataset.source``: ``scheme://...``, or a plain path (a file tree).
 
     Args:
@@ -42,20 +42,25 @@ def open_source(location, dataset=None, verify="size"):
         verify: ``staging.verify``, how a file tree's copies are checked. An
             object store's GET is never torn (an object is replaced whole);
             its copies are checked by Content-Length and MD5 ETag, whatever this says.
+        most_in_flight: With ``dataset.requests_in_flight: auto`` tuned while
+            running, the most files a prefetcher may keep in flight (its
+            threads); None: ``auto`` is the source's own default.
 
     Raises:
         ConfigError: For a scheme no source serves, listing those that do.
     """
     scheme, sep, rest = location.partition("://")
-    in_flight = (dataset.requests_in_flight if dataset is not None else None) or 1
+    in_flight = dataset.requests_in_flight if dataset is not None else None
+    if in_flight == "auto":
+        in_flight = most_in_flight
     if not sep:
-        return PosixSource(location, verify, in_flight)
+        return PosixSource(location, verify, in_flight or 1)
     if scheme not in SOURCES:
         raise ConfigError(f"dataset.source {location!r}: no source for scheme {scheme!r}; "
                           f"known: {', '.join(f'{s}://' for s in sorted(SOURCES))} or a plain path")
     if scheme == "file":
-        return PosixSource(rest, verify, in_flight)
-    return SOURCES[scheme].from_config(location, dataset)
+        return PosixSource(rest, verify, in_flight or 1)
+    return SOURCES[scheme].from_config(location, dataset, in_flight)
 
 
 __all__ = ["Deadline", "Listing", "PosixSource", "S3Source", "SOURCES", "SourceChanged", "SourceStalled", "TornCopy",

@@ -8,6 +8,7 @@ place by the readers when staging is off.
 import errno
 import os
 import stat
+import time
 
 from ..errors import CatalogError
 from .listing import Listing, directory_labels, first_duplicate, is_manifest_file, manifest_entries
@@ -75,13 +76,16 @@ class PosixSource:
         """The item's full name, for messages."""
         return os.path.join(self.root, rel)
 
-    def fetch(self, rel, size, mtime_ns, dst_root):
+    def fetch(self, rel, size, mtime_ns, dst_root, times=None):
         """Copies ``root/rel`` to ``dst_root/rel``, checked and atomic (``publish``).
 
         The copy keeps the source's modification time, so a copy left by an
         earlier run (``staging.keep``) is reused only if the source is unchanged.
         A copy that the source changed under (``verify``) is discarded and
-        made again, up to ``COPY_ATTEMPTS`` times in all.
+        made again, up to ``COPY_ATTEMPTS`` times in all. ``times``: a list
+        that gets each attempt's ``(asked, opened, began, ended)`` instants
+        (``time.perf_counter``): the probe times the open and the bytes of
+        the copy it keeps, without opening the file twice.
 
         Returns:
             Bytes copied (0 for an empty file); None when a matching copy was already there.
@@ -97,7 +101,7 @@ class PosixSource:
         torn = []
         for _ in range(COPY_ATTEMPTS):
             try:
-                return self._copy(path, rel, size, mtime_ns, dst_root)
+                return self._copy(path, rel, size, mtime_ns, dst_root, times)
             except TornCopy as exc:
                 torn.append(exc.strerror)
             except SourceChanged as exc:
@@ -108,8 +112,18 @@ class PosixSource:
         raise SourceChanged(errno.EIO, f"{path} changed during each of {COPY_ATTEMPTS} copies, so no copy was "
                                        f"published ({'; '.join(torn)}); is something rewriting the dataset?")
 
-    def _copy(self, path, rel, size, mtime_ns, dst_root):
+    def _copy(self, path, rel, size, mtime_ns, dst_root, times=None):
+        asked = time.perf_counter()
         src_fd = os.open(path, os.O_RDONLY)
+        opened = time.perf_counter()
+
+        def copy(dst_fd):
+            began = time.perf_counter()
+            copied = _sendfile_all(src_fd, dst_fd)
+            if times is not None:
+                times.append((asked, opened, began, time.perf_counter()))
+            return copied
+
         try:
             before = identity(src_fd, fresh=self.verify != "none")
             if before.size != size or (mtime_ns is not None and before.mtime_ns != mtime_ns):
@@ -126,7 +140,7 @@ class PosixSource:
                     if copied != again:
                         raise TornCopy(errno.EIO, f"xxh3 of the copy {copied} differs from a second read's {again}")
 
-            return publish(dst_root, rel, size, lambda dst_fd: _sendfile_all(src_fd, dst_fd),
+            return publish(dst_root, rel, size, copy,
                            (before.mtime_ns, before.mtime_ns),
                            None if self.verify == "none" else check)
         finally:

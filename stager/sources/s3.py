@@ -59,11 +59,12 @@ class S3Source:
         self.client = Client(endpoint_url, requests_in_flight, request_timeout_s, retries)
 
     @classmethod
-    def from_config(cls, location, dataset):
-        """The source for ``location`` with the object store keys of a ``DatasetConfig`` (or None)."""
+    def from_config(cls, location, dataset, requests_in_flight=None):
+        """The source for ``location`` with the object store keys of a ``DatasetConfig`` (or None);
+        ``requests_in_flight``: ``dataset.requests_in_flight`` resolved (None: ``REQUESTS_IN_FLIGHT``)."""
         if dataset is None:
             return cls(location)
-        return cls(location, dataset.endpoint_url, dataset.requests_in_flight or cls.REQUESTS_IN_FLIGHT,
+        return cls(location, dataset.endpoint_url, requests_in_flight or cls.REQUESTS_IN_FLIGHT,
                    dataset.retries, dataset.request_timeout_s)
 
     def warm(self):

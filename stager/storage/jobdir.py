@@ -104,8 +104,11 @@ class JobDir:
         stager made it (its ``.lock`` holds an owner record) or it is empty: files
         stager did not write are never deleted, so the job is refused.
         Unless ``keep`` is set, a janitor process removes the directory
-        should this process die before ``remove()``.
+        should this process die before ``remove()``. Once made, it is
+        returned again as it is (the probe of ``auto`` counts makes it first).
         """
+        if self._created:
+            return self.path
         check_base(self.base, self._base_name)
         sweep_at_start(self.base)
         try:

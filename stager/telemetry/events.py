@@ -66,7 +66,8 @@ from array import array
 NEEDED, QUEUED, STAGED, TASK, READY, READ, DELIVERED, CONSUMED, REQUEST, EVICTED, USAGE, PEER, SERVED, \
     FINISHED, RESIZED, LOCAL, FALLBACK, GROUP, DROPPED, SWAPPED_OUT, SWAPPED_IN = range(21)
 GROUP_FILES, GROUP_FETCHED, GROUP_TAKEN, GROUP_GIVEN = range(4)
-POOL_PREFETCH, POOL_READ, POOL_LOOKAHEAD = range(3)  # a ``RESIZED`` event's pool (or the ``auto`` look-ahead)
+# A ``RESIZED`` event's pool (or the ``auto`` look-ahead, or the files each prefetcher keeps in flight).
+POOL_PREFETCH, POOL_READ, POOL_LOOKAHEAD, POOL_IN_FLIGHT = range(4)
 # What a ``STAGED`` event's bytes (and a prefetcher's ``Staged.done``) may hold besides a count:
 NO_SPACE = -1  # the local file system was full; nothing was published
 PRESENT = -2  # a matching copy was already there; nothing was copied

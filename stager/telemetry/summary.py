@@ -101,15 +101,21 @@ def dropped_line(cache, lookahead):
 
 
 def count_lines(report):
-    """The pools' sizes over the run (``counts_timeline``), where ``auto`` changed them."""
+    """The counts at start and why, and the pools' sizes over the run (``counts_timeline``) where ``auto``
+    changed them, each change with the rule that made it."""
     timeline = report.get("counts_timeline") or []
-    if len(timeline) < 2:
+    if not timeline:
         return []
-    lines = ["", f"counts over the run (rank 0's node; {len(timeline) - 1} change(s)):"]
+    first = timeline[0]
+    lines = ["", f"counts at start: {first['prefetchers']} prefetcher(s) x {first['in_flight']} file(s) in flight, "
+                 f"{first['readers']} reader(s): {first.get('why') or 'as configured'}"]
+    if len(timeline) < 2:
+        return lines
+    lines.append(f"counts over the run (rank 0's node; {len(timeline) - 1} change(s)):")
     rows = [(f"{c['t']:.2f}", c["prefetchers"], c["in_flight"], c["prefetchers"] * c["in_flight"], c["readers"],
-             c.get("lookahead", "-")) for c in timeline]
+             c.get("lookahead", "-"), c.get("why") or "-") for c in timeline]
     return lines + ["  " + x for x in _table(rows, ("s", "prefetchers", "in flight each", "requests out",
-                                                    "readers", "look-ahead"))]
+                                                    "readers", "look-ahead", "why"))]
 
 
 def render(report, plots=()):

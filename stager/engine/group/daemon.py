@@ -116,6 +116,7 @@ class GroupService(Doorway):
         self._setup = setup
         self._sock = sock
         self.on_staged = self.peers = self.resizer = None
+        self.probed = {}  # a group's service starts without a probe's copies
         self.telemetry = Stats().telemetry
         self.wake = Wake()
         self.dirs = []

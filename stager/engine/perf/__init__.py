@@ -10,8 +10,9 @@ May import: ``errors``, ``formats``.
 
 from .equations import Prediction, Rates, Settings, per_file_s, predict, predict_run
 from .probe import cpu_ticks, machine, probe
-from .start import choose_counts, count_limits
+from .start import MAX_IN_FLIGHT, choose_counts, count_limits, split_slots, start_split
 from .tune import Decision, Tuner
 
-__all__ = ["Decision", "Prediction", "Rates", "Settings", "Tuner", "choose_counts", "count_limits", "cpu_ticks",
-           "machine", "per_file_s", "predict", "predict_run", "probe"]
+__all__ = ["MAX_IN_FLIGHT", "Decision", "Prediction", "Rates", "Settings", "Tuner", "choose_counts", "count_limits", "cpu_ticks",
+           "machine", "per_file_s", "predict", "predict_run", "probe", "split_slots",
+           "start_split"]

@@ -58,26 +58,22 @@ def _union(intervals):
 
 
 def _time_posix(root, rel):
-    """``(open_s, read_s, bytes, read_began, read_ended)`` of one file read from a file system."""
+    """``(asked, opened, began, ended)`` instants of one file read from a file system (the probe's copy
+    was found already there: nothing timed it)."""
     path = os.path.join(root, rel)
-    begin = time.perf_counter()
+    asked = time.perf_counter()
     fd = os.open(path, os.O_RDONLY)
     opened = time.perf_counter()
-    nbytes = 0
     try:
-        while True:
-            chunk = os.read(fd, 1 << 20)
-            if not chunk:
-                break
-            nbytes += len(chunk)
+        while os.read(fd, 1 << 20):
+            pass
     finally:
         os.close(fd)
-    ended = time.perf_counter()
-    return opened - begin, ended - opened, nbytes, opened, ended
+    return asked, opened, opened, time.perf_counter()
 
 
 def probe(source, catalog, loader="npy", loader_options=None, files=PROBE_FILES, batch_size=32, compute_s=0.0,
-          start=0):
+          start=0, picks=None, into=None):
     """Measures the source and the decoding on a few files (seconds).
 
     Args:
@@ -90,28 +86,45 @@ def probe(source, catalog, loader="npy", loader_options=None, files=PROBE_FILES,
         compute_s: The training step's time, when known.
         start: First catalog index to probe from (a different one per call
             avoids files the operating system has cached).
+        picks: The sample indices to probe (a run's first ones, see
+            ``first_files``), instead of ``files`` spread from ``start``.
+        into: Where the copies go and stay (a run's staging directory, whose
+            prefetchers then find them there: the probe's opens are the
+            run's own); None: a temporary directory, removed.
 
     Returns:
         A ``Rates``.
     """
     n = len(catalog)
-    stride = max(1, n // max(1, files))
-    picks = sorted({(start + i * stride) % n for i in range(min(files, n))})
+    if picks is None:
+        stride = max(1, n // max(1, files))
+        picks = sorted({(start + i * stride) % n for i in range(min(files, n))})
     root = source.local_root
     decoder = make_decoder(catalog.sample_decoder(loader, loader_options or {}), loader_options or {})
     files = catalog.files  # a sample's file, or the container it is packed in
-    scratch = tempfile.mkdtemp(prefix="stager-probe-")
+    scratch = into or tempfile.mkdtemp(prefix="stager-probe-")
+    # The run's copies are decoded from local copies of the probe's own: a loader that keeps files open
+    # (HDF5 shares one open file among all handles of an inode, forked readers included) must not hand
+    # the run's readers a handle made here.
+    private = tempfile.mkdtemp(prefix=".stager-probe-", dir=into) if into else None
 
     def one(index):
         # Each file in its own thread: the probe costs about one file's latency, not one per file.
         file = int(catalog.file_index([index])[0])
         rel, size = files.path(file), int(files.sizes[file])
         with reading("open", source.describe(rel)):
-            timed = _time_posix(root, rel) if root is not None else None
             begin = time.perf_counter()
-            source.fetch(rel, size, files.mtime(file), scratch)
+            if root is None:
+                timed = None
+                source.fetch(rel, size, files.mtime(file), scratch)
+            else:
+                # One open, timed inside the copy the run keeps (``into``): apart, then the bytes.
+                times = []
+                source.fetch(rel, size, files.mtime(file), scratch, times=times)
+                asked, opened, began, ended = times[-1] if times else _time_posix(root, rel)
+                timed = (opened - asked, ended - began, size, began, ended)
         fetched = time.perf_counter()
-        decoder.decode(os.path.join(scratch, rel), index, 0)
+        decoder.decode(_private(scratch, rel, private), index, 0)
         return timed, fetched - begin, time.perf_counter() - fetched, size
 
     # The process's CPU, not wall times: what the files cost the cores whatever the waits
@@ -123,7 +136,7 @@ def probe(source, catalog, loader="npy", loader_options=None, files=PROBE_FILES,
         # Its threads' reads count against the caller's deadline (``sources.deadline``), where it set one.
         results = parallel(one, picks, len(picks), "stager-probe")
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        shutil.rmtree(private or scratch, ignore_errors=True)
     cpu_s = (_cpu_seconds() - cpu_before) / len(picks)
     fetches = [r[1] for r in results]
     decodes = [r[2] for r in results]
@@ -146,6 +159,41 @@ def probe(source, catalog, loader="npy", loader_options=None, files=PROBE_FILES,
     return Rates(open_s=open_s, bandwidth=bandwidth, copy_s=copy_s, read_s=statistics.median(decodes),
                  compute_s=compute_s, file_bytes=mean_bytes, main_s=MAIN_S, batch_size=batch_size, cores=cores,
                  memory=memory, cpu_s=cpu_s)
+
+
+def _private(root, rel, private):
+    """``root/rel``, or a copy of it under ``private``: a file of its own (another inode, which HDF5 does not
+    take for the run's file either)."""
+    path = os.path.join(root, rel)
+    if private is None:
+        return path
+    alias = os.path.join(private, rel)
+    os.makedirs(os.path.dirname(alias), exist_ok=True)
+    shutil.copyfile(path, alias)
+    return alias
+
+
+def first_files(catalog, minibatches, files=PROBE_FILES):
+    """Sample indices of the first ``files`` distinct files (or containers) of the plan's first epoch, in order.
+
+    Args:
+        minibatches: The plan's ``Minibatch`` objects, in order (may never end:
+            only the first epoch is read).
+    """
+    picks, seen, epoch = [], set(), None
+    for batch in minibatches:
+        if epoch is None:
+            epoch = batch.epoch
+        elif batch.epoch != epoch:
+            break
+        indices = [int(i) for i in batch.indices]
+        for index, file in zip(indices, catalog.file_index(indices).tolist()):
+            if file not in seen:
+                seen.add(file)
+                picks.append(index)
+                if len(picks) == files:
+                    return picks
+    return picks
 
 
 def _cpu_seconds():

@@ -90,3 +90,54 @@ def choose_counts(rates, miss=1.0, max_prefetchers=MAX_PREFETCHERS):
     # that takes longer than the probe's (a core busy decoding) delays all the next ones.
     prefetchers = bounded(math.ceil(files * per_file_s(rates)), min(2, p_max), p_max)
     return prefetchers, readers
+
+
+# Files one prefetcher keeps in flight at most, in threads: a file waiting on the source costs a
+# thread, not a core, so requests in flight grow here before processes do.
+MAX_IN_FLIGHT = 64
+# A prefetcher busy on its own CPU this share of a core sets the pace of its files: another process helps.
+PROCESS_BUSY = 0.6
+# Files in flight at start, at least, and the fewest the tuner keeps: a request waiting on the source
+# costs a thread, and every file too few in flight is a step of epoch 1 waiting on the source's latency.
+START_IN_FLIGHT = 16
+
+
+def split_slots(slots, processes, cpu_bound=False, most_in_flight=MAX_IN_FLIGHT, most_processes=MAX_PREFETCHERS):
+    """``(processes, in_flight)`` that keep up to ``slots`` files in flight: threads first.
+
+    A process is added only where the prefetchers' own CPU is the limit
+    (``cpu_bound``: the caller saw them busy on their cores, with cores to
+    spare); more files than the processes' threads can hold wait for that.
+    There are never more processes than files in flight.
+
+    Args:
+        slots: Files in flight wanted (the tuner's count).
+        processes: Prefetcher processes now.
+        cpu_bound: Whether one more process would add CPU the prefetchers lack.
+        most_in_flight: Files one process fetches at once at most.
+        most_processes: The most processes (memory, open files).
+    """
+    slots = max(1, int(slots))
+    count = max(1, min(max(1, processes) + (1 if cpu_bound else 0), slots, most_processes))
+    return count, max(1, min(most_in_flight, math.ceil(slots / count)))
+
+
+def start_split(slots, rates, most_in_flight=MAX_IN_FLIGHT, most_processes=MAX_PREFETCHERS):
+    """``(processes, in_flight)`` at start for ``slots`` files in flight (``choose_counts``' prefetchers).
+
+    Twice the law's count of files in flight (at least ``START_IN_FLIGHT``:
+    cheap, and the running tuner sheds what is not used), and as many
+    processes as the prefetchers' own CPU per file (the probe's CPU beyond
+    decoding) needs at the rate those files allow (and the cores, fetching
+    and decoding each file, allow), each at most ``PROCESS_BUSY`` of a
+    core, never more than the cores.
+    """
+    slots = max(START_IN_FLIGHT, 2 * int(slots))
+    own = max(0.0, rates.cpu_s - rates.read_s) if rates.cpu_s > 0 else rates.copy_s
+    per_file = per_file_s(rates)
+    rate = slots / per_file if per_file > 0 else 0.0
+    if rates.cpu_s > 0:
+        rate = min(rate, rates.cores / rates.cpu_s)
+    cpu = rate * own
+    processes = bounded(math.ceil(cpu / PROCESS_BUSY), 1, max(1, min(int(rates.cores), most_processes)))
+    return split_slots(slots, processes, most_in_flight=most_in_flight, most_processes=most_processes)

@@ -13,10 +13,13 @@ by the pool itself, and the cores decide the step:
 - cores with room: every item costs them about the same, so they allow
   ``CORES_FULL / busy`` times the items/s, and at the same time per item
   that takes as many times the workers (at most twice);
-- workers *waiting* (their reported CPU under half of their busy time: a
-  slow source): each takes the share of the cores it used, and the room
-  left takes that many more (at most ``IDLE_STEP`` times, as where the
-  cores are mostly idle: every window at the old size is a stall);
+- workers *waiting* (more than half of their busy time neither on a core
+  nor queued for one, ``perf.clock``: a slow source; where the run queue is
+  not known, their CPU under half of it): each takes the share of the
+  cores it used, and the room left takes that many more (at most
+  ``IDLE_STEP`` times, as where the cores are mostly idle: every window at
+  the old size is a stall). Workers queued for a core are not waiting on
+  the source, however little CPU they got;
 - cores full: none; more workers would only queue for them (and there the
   items/s hardly depend on the count, so a step could not be judged);
   waiting workers, which cost them little, twice the pool;
@@ -70,12 +73,14 @@ class Decision:
         demand: Items asked for per second.
         per_item_s: Worker seconds per item.
         busy: Fraction of the pool's worker time spent busy.
+        why: The rule that decided, in words (the report's ``counts_timeline``).
     """
 
     count: int
     demand: float
     per_item_s: float
     busy: float
+    why: str = ""
 
 
 class Tuner:
@@ -98,6 +103,7 @@ class Tuner:
         self.count, self.low, self.high = count, low, high
         self.limit, self.cores = limit, cores
         self._cpu_s = None  # the workers' CPU seconds over the window, where they report it
+        self._queued_s = None  # and their seconds queued for a core, where the kernel tells them
         self.window_s, self.min_items = window_s, min_items
         self._since = None
         self._asked = self._done = 0
@@ -116,13 +122,20 @@ class Tuner:
         self._asked += items
         self.outstanding += items
 
-    def finished(self, items, busy_s, cpu_s=None):
-        """A worker finished ``items`` in ``busy_s`` seconds, ``cpu_s`` of them on a core (if known)."""
+    def finished(self, items, busy_s, cpu_s=None, queued_s=None):
+        """A worker finished ``items`` in ``busy_s`` seconds, ``cpu_s`` of them on a core and ``queued_s``
+        waiting for one (each None where not known)."""
         self._done += items
         self._busy_s += busy_s
         if cpu_s is not None:
             self._cpu_s = (self._cpu_s or 0.0) + cpu_s
+            if queued_s is not None:
+                self._queued_s = (self._queued_s or 0.0) + queued_s
         self.outstanding = max(0, self.outstanding - items)
+
+    def window(self):
+        """``(busy_s, cpu_s, queued_s)`` the window's finished items took so far (None: not reported)."""
+        return self._busy_s, self._cpu_s, self._queued_s
 
     def _paid(self, rate):
         """Whether the last growth raised the items done per second by ``PAID`` of what it promised.
@@ -135,8 +148,15 @@ class Tuner:
         return rate - before_rate >= PAID * promised
 
     def _waiting(self):
-        """Whether the pool's workers spent most of their busy time off the cores (waiting on a source)."""
-        return self._cpu_s is not None and self._busy_s > 0 and self._cpu_s < WAITING * self._busy_s
+        """Whether the pool's workers spent most of their busy time waiting on a source.
+
+        Neither on a core nor queued for one; where the run queue is not
+        known, off the cores (a worker queued for a full machine's cores then
+        counts as waiting).
+        """
+        if self._cpu_s is None or self._busy_s <= 0:
+            return False
+        return self._cpu_s + (self._queued_s or 0.0) < WAITING * self._busy_s
 
     def _step(self, cores_busy, elapsed):
         """The size a saturated pool goes to, by how busy the cores were (see the module's text)."""
@@ -165,7 +185,7 @@ class Tuner:
 
     def restart(self, now):
         """Starts a new window at ``now``: the pool was just resized (starting workers takes time)."""
-        self._since, self._asked, self._done, self._busy_s, self._cpu_s = now, 0, 0, 0.0, None
+        self._since, self._asked, self._done, self._busy_s, self._cpu_s, self._queued_s = now, 0, 0, 0.0, None, None
 
     def due(self, now):
         """Whether a window has enough to go on (``decide`` would decide)."""
@@ -213,7 +233,7 @@ class Tuner:
             if not held:
                 return None
             self.count = _bounded(step, self.low, self.high)
-            return Decision(self.count, 0.0, per_item, 1.0)
+            return Decision(self.count, 0.0, per_item, 1.0, "the first items waited while the cores idled")
         elapsed = now - self._since
         rate = self._done / elapsed
         # An idle window finished nothing: its time per item is the last one measured.
@@ -234,7 +254,7 @@ class Tuner:
         need = _bounded(math.ceil(demand * min(per_item, window_per_item) * HEADROOM), self.low, high)
         # Shrinking is judged on the window alone (two quiet ones in a row are its hysteresis).
         need_now = _bounded(math.ceil(self._asked / elapsed * window_per_item * HEADROOM), self.low, high)
-        target = self.count
+        target, why = self.count, ""
         judge = self._grew is not None and self.count >= GROWTH * self._grew[0]
         if judge and not self._paid(rate) and not self._noise(cores_busy, window_per_item):
             # The workers added mostly waited, for something more workers cannot add (the
@@ -244,6 +264,7 @@ class Tuner:
             before, _, before_per_item = self._grew
             target = _bounded(math.ceil(rate * before_per_item), before, self.count)
             self._ceiling = (target, before_per_item, window_per_item)
+            why = "the last growth did not pay: the pool the pace it got needs"
         elif (busy > 0.85 and self.outstanding > self.count) or \
                 (busy > 0.5 and self.outstanding > BACKLOG * self.count):
             # Held back: the demand it saw is only what it let through. (A backlog of several items
@@ -251,19 +272,27 @@ class Tuner:
             # longer than before, a source slowing down, shows its workers less busy than they were.)
             target = self._step(cores_busy, elapsed)
             self._idle_windows = 0
+            why = ("held back, waiting on the source" if self._waiting() else
+                   "held back, cores to spare" if cores_busy is not None and cores_busy < CORES_FULL else
+                   "held back")
         elif need > self.count:
             target = need
             self._idle_windows = 0
+            why = "the demand measured needs more (Little's law)"
         elif need_now < 0.6 * self.count and busy < 0.5:
             # Shrink only after two quiet windows in a row, and by half at most.
             self._idle_windows += 1
             if self._idle_windows >= 2:
                 target = max(need_now, math.ceil(self.count / 2), self.low)
                 self._idle_windows = 0
+                why = "two quiet windows: shrinks"
         else:
             self._idle_windows = 0
         if self._ceiling is not None and target > self.count:
             target = max(self.count, min(target, self._ceiling[0]))
+        if target > high:
+            why = f"{why} (capped by the source's bandwidth or memory)" if why else \
+                "capped by the source's bandwidth or memory at the time per item measured"
         target = _bounded(target, self.low, high)
         # Growths are judged once they add up to GROWTH: a smaller one promises less than one
         # window's noise. Growing window after window, the sizes before the first are the base.
@@ -272,5 +301,5 @@ class Tuner:
         if target > self.count and self._grew is None:
             self._grew = (self.count, rate, window_per_item)
         self.count = target
-        self._since, self._asked, self._done, self._busy_s, self._cpu_s = now, 0, 0, 0.0, None
-        return Decision(target, demand, per_item, busy)
+        self._since, self._asked, self._done, self._busy_s, self._cpu_s, self._queued_s = now, 0, 0, 0.0, None, None
+        return Decision(target, demand, per_item, busy, why)
