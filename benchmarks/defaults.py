@@ -31,7 +31,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.join(REPO, "tests"))
 
-from torch_dropin import cpu_of, emulated_jpeg_folder  # noqa: E402  (the drop-in benchmark's folder)
+from torch_dropin import cpu_of, emulated_jpeg_folder, one_run_arguments  # noqa: E402  (the drop-in benchmark's)
 
 BATCH = 32
 
@@ -112,10 +112,7 @@ def main():
                         help="the fixed rows: P (staging.prefetchers, one file in flight each) or PxT (T each)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", help="write the results here")
-    parser.add_argument("--one", help=argparse.SUPPRESS)
-    parser.add_argument("--n", type=int, help=argparse.SUPPRESS)
-    parser.add_argument("--data", help=argparse.SUPPRESS)
-    parser.add_argument("--local", help=argparse.SUPPRESS)
+    one_run_arguments(parser)
     args = parser.parse_args()
     if args.one:
         return one(args)

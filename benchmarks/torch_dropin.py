@@ -134,6 +134,14 @@ def run(method, n, mnt, local, daemon, args):
     return result
 
 
+def one_run_arguments(parser):
+    """The arguments a method's own process gets (``--one``: which method), hidden from ``--help``."""
+    parser.add_argument("--one", help=argparse.SUPPRESS)
+    parser.add_argument("--n", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--data", help=argparse.SUPPRESS)
+    parser.add_argument("--local", help=argparse.SUPPRESS)
+
+
 def bounds(n, samples, o, d, cores, in_flight, epochs):
     dataloader = samples / min(n / (o + d), cores / d)
     readers = min(n - 1, cores)
@@ -150,10 +158,7 @@ def main():
     parser.add_argument("--in-flight", type=int, default=8,
                         help="files StagedLoader's prefetcher keeps in flight; 0: stager's defaults, num_workers=N")
     parser.add_argument("--json", help="write the results here")
-    parser.add_argument("--one", help=argparse.SUPPRESS)
-    parser.add_argument("--n", type=int, help=argparse.SUPPRESS)
-    parser.add_argument("--data", help=argparse.SUPPRESS)
-    parser.add_argument("--local", help=argparse.SUPPRESS)
+    one_run_arguments(parser)
     args = parser.parse_args()
     if args.one:
         return one(args)
@@ -169,8 +174,9 @@ def main():
             os.mkdir(local)
             dl = run("dataloader", n, mnt, local, daemon, args)
             st = run("stager", n, mnt, local, daemon, args)
+            # The defaults (--in-flight 0) start at 16 files in flight at least (docs/counts.md).
             dl_bound, st_bound = bounds(n, args.samples, args.open_ms / 1000, d, os.cpu_count(),
-                                        args.in_flight, args.epochs)
+                                        args.in_flight or 16, args.epochs)
             rows.append({"n": n, "dataloader": dl, "stager": st, "bound_dataloader": dl_bound,
                          "bound_stager": st_bound})
         free_after = available_cores()
