@@ -88,10 +88,11 @@ def resolve(staging, reader, dataset, batch_size, catalog, source, node_comm, lo
         staging = replace(staging, prefetchers=prefetchers)
     if is_auto(reader.workers):
         reader = replace(reader, workers=readers)
-    log.info("stager: auto counts: %s prefetchers x %s files in flight, %s readers (probe: open %.1f ms, %.0f MB/s, "
-             "read %.2f ms/file, CPU %.2f ms/file, %d cores)", staging.prefetchers, in_flight or source.concurrency,
-             reader.workers, rates.open_s * 1000, rates.bandwidth / 1e6, rates.read_s * 1000, rates.cpu_s * 1000,
-             rates.cores)
+    fetching = (f"{staging.prefetchers} prefetchers x {in_flight or source.concurrency} files in flight, "
+                if staging.enabled else "staging off, ")
+    log.info("stager: auto counts: %s%s readers (probe: open %.1f ms, %.0f MB/s, read %.2f ms/file, CPU %.2f ms/file, "
+             "%d cores)", fetching, reader.workers, rates.open_s * 1000, rates.bandwidth / 1e6, rates.read_s * 1000,
+             rates.cpu_s * 1000, rates.cores)
     return staging, reader, rates, in_flight
 
 
