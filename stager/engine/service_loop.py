@@ -280,8 +280,7 @@ class ServiceLoop:
         for index, nbytes in msg.done:
             if nbytes == NO_SPACE:
                 continue
-            if nbytes == PRESENT and self.s.probed:
-                nbytes = self.s.probed.pop(index, PRESENT)  # the probe's copy: fetched from the source at start
+            nbytes = self.s.probed.pop(index, nbytes) if nbytes == PRESENT else nbytes  # the probe's, at start
             cache.staged(index)
             self.no_space.pop(index, None)
             if msg.route == "peer":

@@ -80,7 +80,7 @@ class Startup:
         # The probe reads the plan's first files; into the job's directory, where the prefetchers find them.
         # (Not yet containers: a shard's samples are probed, spread, in a directory of the probe's own.)
         first = None
-        if hasattr(spec, "minibatches") and self.catalog.containers is None:
+        if (auto_prefetch or auto_read) and hasattr(spec, "minibatches") and self.catalog.containers is None:
             first = first_files(self.catalog, spec.minibatches(world.rank))
         self._staging, self._reader, self._auto, in_flight = autocounts.resolve(
             self._staging, self._reader, self._dataset, getattr(spec, "batch_size", self._plan_cfg.batch_size),
