@@ -13,10 +13,10 @@ from stager import plan
 from stager import telemetry as tm
 from stager.engine import Pipeline
 from stager.engine.messages import Decoded, ReadTask, StageTask, Staged
-from stager.engine.startup import _more_rings
+from stager.engine.rank.startup import _more_rings
 from stager.engine.wire import Ring
-from stager.engine.workerpool import RETIRED, WorkerPool
-from stager.engine.workers import prefetcher_main, reader_main
+from stager.engine.workers.pool import RETIRED, WorkerPool
+from stager.engine.workers.loops import prefetcher_main, reader_main
 from stager.job.synth import make_dataset
 from stager.slowfs import SlowFS
 from stager.sources import PosixSource

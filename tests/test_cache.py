@@ -14,7 +14,7 @@ from stager import plan
 from stager.cache import (ABSENT, IN_FLIGHT, POLICIES, STAGED, Cache, check_window, make_policy, parse_capacity,
                           resolve_capacity)
 from stager.engine import Pipeline
-from stager.engine.readpins import ReadPins
+from stager.engine.node.readpins import ReadPins
 from stager.errors import ConfigError, StageError
 from stager.model import cache_misses
 

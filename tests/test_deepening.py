@@ -22,7 +22,7 @@ from stager import plan
 from stager.cache import AUTO_DEPTH, MAX_DEPTH, fitting_depth, needed_depth
 from stager.config import config_from_dict
 from stager.engine import Pipeline
-from stager.engine.deepening import Deepening
+from stager.engine.tuning.deepening import Deepening
 from stager.job.synth import MANIFEST, make_dataset
 from stager.slowfs import SlowFS
 from stager.telemetry import POOL_LOOKAHEAD, RESIZED, Telemetry

@@ -15,7 +15,7 @@ from conftest import REPO
 
 SCRIPT = textwrap.dedent("""
     import multiprocessing, os, signal, sys
-    from stager.engine.workerpool import WorkerPool
+    from stager.engine.workers.pool import WorkerPool
 
     def on_term(signum, frame):
         raise SystemExit(128 + signum)

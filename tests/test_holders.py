@@ -117,7 +117,7 @@ def test_a_node_keeps_a_file_given_to_it_only_in_room_that_costs_no_file_it_hold
 def test_swaps_bring_the_engines_replay_near_the_job_wide_optimum_at_a_few_hundred_files_a_node():
     """4 nodes of 256 files each (1x the dataset together), batch 16, look-ahead 2: without swaps (the
     default), a node that takes a file from its holder makes room before the holder's copy goes, and the
-    replay reads 1.058 and 1.060 of the optimum (``benchmarks/pooling_study.py``); with
+    replay reads 1.058 and 1.060 of the optimum (``benchmarks/studies/pooling_study.py``); with
     ``staging.peer_swaps``, giving the holder the file dropped, within 2.5%."""
     n, nodes = 1024, 4
     for seed in (7, 8):

@@ -1,4 +1,4 @@
-"""A prefetcher's fetch threads work on several stage tasks at once (``stager.engine.inflight``)."""
+"""A prefetcher's fetch threads work on several stage tasks at once (``stager.engine.workers.inflight``)."""
 
 import multiprocessing
 import os
@@ -8,7 +8,7 @@ import numpy as np
 from conftest import load_catalog, make_config
 
 from stager import Pipeline, plan
-from stager.engine.inflight import InFlight
+from stager.engine.workers.inflight import InFlight
 from stager.engine.messages import Failure, StageTask, Staged
 
 WAIT_S = 10.0  # a bound on a broken run, never reached by a passing one

@@ -24,7 +24,7 @@ NODES = [("a", 1), ("b", 1), ("c", 1), ("d", 1)]
 SAMPLES, BATCH, EPOCHS = 480, 8, 3
 # Where the nodes hold less than the dataset: each node's 20% is 384 files. Taking a file from its holder
 # needs room before the holder's copy goes; without swaps each node lost about a window's transfers of its
-# room, at 96 files a node (480 samples) 4.7% over the optimum (benchmarks/pooling_study.py).
+# room, at 96 files a node (480 samples) 4.7% over the optimum (benchmarks/studies/pooling_study.py).
 TIGHT_SAMPLES = 1920
 
 

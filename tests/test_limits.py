@@ -8,7 +8,7 @@ import pytest
 from conftest import make_config, stager_cmd, stager_workers
 
 from stager.engine import Pipeline
-from stager.engine.limits import worker_limit_error
+from stager.engine.workers.limits import worker_limit_error
 from stager.errors import ConfigError
 
 INF = resource.RLIM_INFINITY

@@ -9,7 +9,7 @@ from conftest import load_catalog, make_config, stager_cmd
 
 from stager import plan
 from stager.config import PlanConfig, load_config
-from stager.engine.deadlines import DeadlineQueue
+from stager.engine.node.deadlines import DeadlineQueue
 from stager.errors import ConfigError
 from stager.model import (Rates, Settings, Tuner, cache_misses, choose_counts, from_summary, predict, predict_run,
                           probe, step_misses)

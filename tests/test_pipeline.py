@@ -311,7 +311,7 @@ def _hung_up_service(*said):
     """A rank's ``Channels`` whose service sent ``said`` and then closed its end."""
     import multiprocessing
 
-    from stager.engine.coordinator import Channels
+    from stager.engine.rank.coordinator import Channels
 
     ours, theirs = multiprocessing.Pipe()
     for msg in said:

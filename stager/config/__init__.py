@@ -6,9 +6,10 @@ strict loader in ``loading.py``.
 """
 
 from .job import RunConfig, SlowfsConfig, SlurmConfig, SyntheticConfig
-from .library import DatasetConfig, PlanConfig, ProcessesConfig, ReaderConfig, StagingConfig, WorldConfig
+from .library import DatasetConfig, PlanConfig, ReaderConfig, StagingConfig
 from .loading import config_from_dict, load_config, parse_overrides
 from .root import Config
+from .runtime import ProcessesConfig, WorldConfig
 
 __all__ = ["Config", "DatasetConfig", "PlanConfig", "ProcessesConfig", "ReaderConfig", "RunConfig",
            "SlowfsConfig", "SlurmConfig", "StagingConfig", "SyntheticConfig", "WorldConfig", "config_from_dict",

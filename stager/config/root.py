@@ -4,7 +4,8 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from .job import RunConfig, SlowfsConfig, SlurmConfig, SyntheticConfig
-from .library import DatasetConfig, PlanConfig, ProcessesConfig, ReaderConfig, StagingConfig, WorldConfig
+from .library import DatasetConfig, PlanConfig, ReaderConfig, StagingConfig
+from .runtime import ProcessesConfig, WorldConfig
 from .schema import build, merge
 
 

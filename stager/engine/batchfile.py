@@ -7,7 +7,7 @@ writes the arrays with ``pwritev`` and a taking rank reads them with
 ``preadv`` straight into a slot of its own ``wire.Ring``. Writing 25 MB into
 a fresh file through a mapping costs a page fault per 4 KiB on top of the
 new pages (24 ms here), the kernel's copy into a file written before the
-copy alone (6 ms; ``benchmarks/shelf_copy.py``). And since no process maps a
+copy alone (6 ms; ``benchmarks/studies/shelf_copy.py``). And since no process maps a
 file, the group's service may give it to the next publisher as soon as the
 ranks taking it have read it (``group/shelf.py``).
 """

@@ -18,7 +18,7 @@ class SampleDecoder:
     """
 
     def start(self, worker, workers):
-        """Called once in reader ``worker`` (of ``workers`` at its start), before its first sample."""
+        """Called once in reader ``worker`` (of ``engine.workers.loops`` at its start), before its first sample."""
 
     def decode(self, path, index, epoch):
         """The sample of catalog entry ``index``, from the file at ``path``, read in epoch ``epoch``."""

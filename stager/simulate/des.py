@@ -32,102 +32,10 @@ node's pool is resized by the engine's own tuner, fed in simulated time.
 
 import simpy
 
-import numpy as np
-
 from .log import Log
-from ..engine.deepening import Deepening
-from ..engine.dispatch import AUTO_TASKS
-
-
-class _Cores:
-    """A node's cores (or a host's, shared): each CPU burst holds one."""
-
-    def __init__(self, env, cores):
-        self.env = env
-        self.count = max(1, int(round(cores)))
-        self.pool = simpy.Resource(env, capacity=self.count)
-        self.busy_s = 0.0  # core seconds of the bursts begun so far (the controller's load reading)
-
-    def run(self, seconds):
-        if seconds <= 0:
-            return
-        with self.pool.request() as req:
-            yield req
-            self.busy_s += seconds
-            yield self.env.timeout(seconds)
-
-
-class _Pool:
-    """A node's prefetchers as tokens, so that a replayed ``auto`` controller can resize it.
-
-    A task takes a token for its whole fetch; a shrink takes tokens back as
-    they come free (a leaving worker first finishes its task, as in the engine).
-    """
-
-    def __init__(self, env, size):
-        self.env, self.size = env, size
-        self.store = simpy.Store(env)
-        self._leaving = []  # retirements asked for and not yet granted
-        for token in range(size):
-            self.store.put(token)
-
-    def resize(self, size):
-        self._leaving = [event for event in self._leaving if not event.triggered]
-        for _ in range(self.size, size):
-            if self._leaving:
-                self._leaving.pop().cancel()  # a worker about to leave stays instead
-            else:
-                self.store.put(self.size)
-        for _ in range(size, self.size):
-            self._leaving.append(self.store.get())  # granted when a worker is free; that worker then leaves
-        self.size = size
-
-
-def _hold(env, resource, seconds):
-    with resource.request() as req:
-        yield req
-        yield env.timeout(seconds)
-
-
-class SharedFS:
-    """The shared file system: latency, the metadata queue and the aggregate bandwidth."""
-
-    def __init__(self, env, fs, log):
-        self.env, self.fs, self.log = env, fs, log
-        free = 1.0 - fs.other_load
-        self.op_s = 1.0 / (fs.mds_ops_per_s * free) if fs.mds_ops_per_s else 0.0
-        self.byte_s = 1.0 / (fs.aggregate_mbps * 1e6 * free) if fs.aggregate_mbps else 0.0
-        self.client_byte_s = 1.0 / (fs.client_mbps * 1e6) if fs.client_mbps else 0.0
-        self.mds = simpy.Resource(env, 1)
-        self.pipe = simpy.Resource(env, 1)
-
-    def read(self, link, files, nbytes):
-        """Opens and reads ``files`` files of ``nbytes`` in all, one after the other, through a node's ``link``."""
-        env = self.env
-        open_s = self.fs.open_ms_at(env.now) / 1e3
-        if open_s:
-            yield env.timeout(files * open_s)
-        if self.op_s:
-            yield env.process(_hold(env, self.mds, files * self.op_s))
-        transfers = []
-        if self.byte_s and nbytes:
-            transfers.append(env.process(_hold(env, self.pipe, nbytes * self.byte_s)))
-        if self.client_byte_s and nbytes:
-            transfers.append(env.process(_hold(env, link, nbytes * self.client_byte_s)))
-        if transfers:
-            yield env.all_of(transfers)
-        self.log.source(env.now, files, nbytes)
-
-
-def _chunks(files, nbytes, ways):
-    """``files`` files of ``nbytes`` split into at most ``ways`` chunks: ``(files, bytes)`` each."""
-    files, nbytes = int(files), int(nbytes)
-    if files <= 0:
-        return []
-    ways = min(ways, files)
-    counts = np.full(ways, files // ways)
-    counts[:files % ways] += 1
-    return [(int(c), nbytes * int(c) // files) for c in counts]
+from .resources import Cores, Pool, SharedFS, chunks, hold
+from ..engine.node.dispatch import AUTO_TASKS
+from ..engine.tuning.deepening import Deepening
 
 
 class Job:
@@ -165,8 +73,8 @@ class Job:
         c = profile.costs
         self.copy_s = profile.node.copy_ms(c, demand.nodes) / 1e3
         self.read_s, self.batch_s, self.main_s = c.read_ms / 1e3, c.batch_ms / 1e3, c.main_ms / 1e3
-        host = _Cores(env, profile.node.cores) if profile.node.shared_host else None
-        self.cores = [host or _Cores(env, profile.node.cores) for _ in range(demand.nodes)]
+        host = Cores(env, profile.node.cores) if profile.node.shared_host else None
+        self.cores = [host or Cores(env, profile.node.cores) for _ in range(demand.nodes)]
         self.startup_s = profile.node.startup_s
         self.disk_byte_s = 1.0 / (profile.node.local_mbps * 1e6) if profile.node.local_mbps else 0.0
         self.disks = [simpy.Resource(env, 1) for _ in range(demand.nodes)]
@@ -220,7 +128,7 @@ class Job:
     def _service(self, node, link, ready):
         env, rpn = self.env, self.demand.ranks_per_node
         d = self.demand.of(node)
-        pool = _Pool(env, self.prefetchers)
+        pool = Pool(env, self.prefetchers)
         tuner = self.tuner() if self.tuner is not None else None
         if tuner is not None:
             env.process(self._control(node, pool, tuner, ready))
@@ -232,13 +140,13 @@ class Job:
             if gate is not None:
                 yield gate
             # As the engine splits them: an auto pool's tasks are finer (it may grow before they are taken).
-            chunks = _chunks(d.source_files[s], d.source_bytes[s],
+            chunks = chunks(d.source_files[s], d.source_bytes[s],
                              pool.size if tuner is None else max(pool.size, AUTO_TASKS))
             if tuner is not None:
                 tuner.asked(int(d.source_files[s]), env.now)
             jobs = [env.process(self._fetch(node, pool, link, f, b, tuner)) for f, b in chunks]
             jobs += [env.process(self._peer(node, peer_threads, f, b))
-                     for f, b in _chunks(d.peer_files[s], d.peer_bytes[s], self.prefetchers)]
+                     for f, b in chunks(d.peer_files[s], d.peer_bytes[s], self.prefetchers)]
             if jobs:
                 env.process(self._when_all(jobs, ready[s], deep, pool))
             else:
@@ -269,10 +177,10 @@ class Job:
 
     def _stage_all(self, node, link, ready, files, nbytes):
         env = self.env
-        threads = _Pool(env, self.prefetchers)
+        threads = Pool(env, self.prefetchers)
         # In aggregate: each prefetcher's share in a few chunks, not file by file.
         jobs = [env.process(self._fetch(node, threads, link, f, b))
-                for f, b in _chunks(files, nbytes, 8 * self.prefetchers)]
+                for f, b in chunks(files, nbytes, 8 * self.prefetchers)]
         yield env.all_of(jobs)
         for event in ready:
             event.succeed()
@@ -288,7 +196,7 @@ class Job:
     def _local(self, node, nbytes):
         """Reads or writes ``nbytes`` on the node's local storage."""
         if self.disk_byte_s and nbytes:
-            yield self.env.process(_hold(self.env, self.disks[node], nbytes * self.disk_byte_s))
+            yield self.env.process(hold(self.env, self.disks[node], nbytes * self.disk_byte_s))
 
     def _fetch(self, node, pool, link, files, nbytes, tuner=None):
         token = yield pool.store.get()

@@ -18,12 +18,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from .demand import node_demand
-from .optimum import job_optimum
 from .des import Job
+from .optimum import job_optimum
 from .report import KIND
 from ..cache import MAX_DEPTH, fitting_depth, lookahead_depth, parse_capacity, policy_name
-from ..engine.autocounts import prefetcher_limit, source_limit
 from ..engine.perf import Rates, Tuner, choose_counts
+from ..engine.tuning.autocounts import prefetcher_limit, source_limit
 from ..errors import ConfigError
 from ..plan import PlanSpec
 

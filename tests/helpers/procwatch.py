@@ -1,6 +1,6 @@
 """Every process of a running job, sampled over its epochs: memory, open files, the staging directory.
 
-Used by the long-run test and ``benchmarks/long_run.py``. A sample is taken
+Used by the long-run test and ``benchmarks/studies/long_run.py``. A sample is taken
 every ``interval_s`` (nothing happens to wait on: the job runs on its own),
 for each process below the launcher: its name, resident memory and open
 descriptors; with it the epoch rank 0 has recorded and the bytes and files

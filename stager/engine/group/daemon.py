@@ -29,10 +29,10 @@ from . import names
 from .loop import GroupLoop
 from .shelf import Shelf
 from ..messages import Failure
-from ..service import Doorway
-from ..stalls import Progress
-from ..workerpool import Wake, WorkerPool
-from ..workers import prefetcher_main
+from ..node.service import Doorway
+from ..node.stalls import Progress
+from ..workers.loops import prefetcher_main
+from ..workers.pool import Wake, WorkerPool
 from ...cache import Cache, policy_name
 from ...sources import open_source
 from ...storage import staging_capacity

@@ -23,10 +23,10 @@ import time
 
 import numpy as np
 
-from ..messages import Bye, Claim, Claimed, Fail, Hello, Join, Need, Ready, Release, Welcome
-from ..service_loop import ServiceLoop
-from ...cache import ABSENT
 from .shelf import OWN, PUBLISH, SHARED, WAIT
+from ..messages import Bye, Claim, Claimed, Fail, Hello, Join, Need, Ready, Release, Welcome
+from ..node.service_loop import ServiceLoop
+from ...cache import ABSENT
 
 
 class _Client:

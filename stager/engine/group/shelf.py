@@ -16,7 +16,7 @@ way. For each minibatch of a stream, the service (``Shelf``) decides:
 
 Files are reused: a minibatch written into fresh shared memory costs the
 kernel a zeroed page per 4 KiB (13 ms for 25 MB of float32 images here,
-against 6 ms into a file written before: ``benchmarks/shelf_copy.py``), so a file that left the
+against 6 ms into a file written before: ``benchmarks/studies/shelf_copy.py``), so a file that left the
 shelf goes to the next publisher. No process maps these files, so a file is
 free once it is off the shelf and every rank taking it has released it.
 

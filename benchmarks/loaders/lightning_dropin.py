@@ -1,0 +1,187 @@
+"""Lightning DDP on an ImageFolder of JPEGs behind the emulated slow file system: DataLoader against StagedLoader.
+
+    .venv/bin/python benchmarks/loaders/lightning_dropin.py                       # 1,536 JPEGs, 10 ms an open, W = 2, 4
+    .venv/bin/python benchmarks/loaders/lightning_dropin.py --samples 512 --workers 2 --json /tmp/lightning.json
+
+The dataset, transforms and emulator of ``benchmarks/loaders/torch_dropin.py``
+(256x256 JPEGs, RandomResizedCrop(224) and the rest, ``--open-ms`` an
+open), trained by ``Trainer(accelerator="cpu", devices=2, strategy="ddp")``
+for ``--epochs`` epochs, batch 32 a rank, a small convolutional model. The
+``LightningDataModule`` returns, for each W of ``--workers``, alternating:
+``DataLoader(num_workers=W, persistent_workers=True)`` (Lightning injects
+its ``DistributedSampler``), and ``StagedLoader(num_workers=max(1, W - 1))``
+with one prefetcher for the node keeping ``--in-flight`` files in flight:
+2W loading processes against 2 max(1, W - 1) + 1 (one more at W = 1,
+one fewer above). Each run is a fresh process tree;
+rank 0 times each epoch between Lightning's epoch hooks, each rank reports
+its own CPU seconds (the table shows those of training, from Lightning's
+``on_train_start``), and the benchmark samples every process of the tree
+for the rest (prefetchers by name; the loading workers are the remainder,
+their start included).
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, REPO)
+
+from torch_dropin import BATCH, bounds, cpu_of, emulated_jpeg_folder, transforms  # noqa: E402  (this directory)
+
+
+def one(args):
+    """One Lightning run in this process (rank 0; Lightning starts rank 1): writes ``--out`` JSON per rank."""
+    import lightning as L
+    import torch
+    from torch import nn
+    from torch.utils.data import DataLoader
+    from torchvision.datasets import ImageFolder
+
+    from iterators.pytorch import StagedLoader
+
+    class Data(L.LightningDataModule):
+        def train_dataloader(self):
+            train = ImageFolder(args.data, transform=transforms())
+            if args.one == "dataloader":
+                return DataLoader(train, batch_size=BATCH, shuffle=True, num_workers=args.w, persistent_workers=True)
+            if not args.in_flight:  # the one-line change: DataLoader's arguments, stager's defaults
+                return StagedLoader(train, batch_size=BATCH, shuffle=True, num_workers=args.w,
+                                    config={"staging": {"local_dir": args.local}})
+            return StagedLoader(train, batch_size=BATCH, shuffle=True, num_workers=readers(args.w),
+                                config={"staging": {"local_dir": args.local, "prefetchers": 1},
+                                        "dataset": {"requests_in_flight": args.in_flight}})
+
+    class Model(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = nn.Sequential(nn.Conv2d(3, 8, 5, stride=4), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                                     nn.Linear(8, 10))
+            self.epochs, self.begin = [], None
+
+        def training_step(self, batch, batch_idx):
+            images, labels = batch
+            return nn.functional.cross_entropy(self.net(images), labels)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+        def on_train_start(self):
+            self.cpu_at_start = sum(os.times()[:2])
+
+        def on_train_epoch_start(self):
+            self.begin = time.perf_counter()
+
+        def on_train_epoch_end(self):
+            self.epochs.append(time.perf_counter() - self.begin)
+
+        def on_train_end(self):
+            whole = sum(os.times()[:2])
+            with open(f"{args.out}.rank{self.global_rank}", "w") as fh:
+                json.dump({"epochs": self.epochs, "cpu": whole, "cpu_training": whole - self.cpu_at_start}, fh)
+
+    L.seed_everything(0)
+    trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=args.epochs, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(Model(), datamodule=Data())
+
+
+def readers(w):
+    """StagedLoader's readers a rank against DataLoader's ``w`` workers: one fewer, at least one."""
+    return max(1, w - 1)
+
+
+def tree_cpu(root, stop, seen):
+    """Samples every process below ``root`` until ``stop``: ``seen[pid] = (name, CPU seconds)``."""
+    from stager.bench.cpu import descendants, readings
+
+    while not stop.wait(0.05):
+        seen.update(readings(descendants(root) | {root}))
+
+
+def run(method, w, mnt, local, daemon, args, work):
+    out = os.path.join(work, f"{method}-{w}.json")
+    before = cpu_of(daemon)
+    cmd = [sys.executable, os.path.abspath(__file__), "--one", method, "--w", str(w), "--data", mnt, "--local",
+           local, "--epochs", str(args.epochs), "--in-flight", str(args.in_flight), "--out", out]
+    env = dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS="1")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    stop, seen = threading.Event(), {}
+    sampler = threading.Thread(target=tree_cpu, args=(proc.pid, stop, seen))
+    sampler.start()
+    output, _ = proc.communicate(timeout=3600)
+    stop.set()
+    sampler.join()
+    if proc.returncode:
+        sys.exit(f"{method} W={w} failed:\n{output}")
+    ranks = [json.load(open(f"{out}.rank{r}")) for r in range(2)]
+    rank_cpu = sum(r["cpu"] for r in ranks)  # their whole lives: imports and start-up too
+    prefetchers = sum(cpu for name, cpu in seen.values() if name.startswith("stager-prefetch"))
+    rest = sum(cpu for name, cpu in seen.values() if not name.startswith("stager-prefetch"))
+    return {"epochs": ranks[0]["epochs"],
+            "cpu": {"ranks": round(sum(r["cpu_training"] for r in ranks), 2), "loading workers": round(max(0.0, rest - rank_cpu), 2),
+                    "prefetchers": round(prefetchers, 2), "emulator": round(cpu_of(daemon) - before, 2)}}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--samples", type=int, default=1536)
+    parser.add_argument("--open-ms", type=float, default=10.0)
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--workers", default="1,2,4",
+                        help="W: DataLoader workers a rank; StagedLoader max(1, W - 1) readers a rank")
+    parser.add_argument("--in-flight", type=int, default=8,
+                        help="files the node's prefetcher keeps in flight; 0: stager's defaults with num_workers=W")
+    parser.add_argument("--json", help="write the results here")
+    for hidden in ("--one", "--data", "--local", "--out"):
+        parser.add_argument(hidden, help=argparse.SUPPRESS)
+    parser.add_argument("--w", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        return one(args)
+
+    from stager.model.calibrate import available_cores, cores_note
+
+    counts = [int(x) for x in args.workers.split(",")]
+    with emulated_jpeg_folder(args.samples, args.open_ms, "stager-lightning-") as (work, mnt, daemon, d):
+        free_before = available_cores()
+        rows = []
+        for w in counts:
+            local = os.path.join(work, f"local-{w}")
+            os.mkdir(local)
+            rows.append({"w": w, "dataloader": run("dataloader", w, mnt, local, daemon, args, work),
+                         "stager": run("stager", w, mnt, local, daemon, args, work)})
+        free_after = available_cores()
+    print(f"Lightning ddp, 2 CPU ranks; {args.samples} JPEGs (256x256) behind the emulator at {args.open_ms:g} ms "
+          f"an open; batch {BATCH} a rank; {args.epochs} epochs; transforms {d * 1000:.2f} ms CPU a sample; "
+          f"StagedLoader: 1 prefetcher for the node with {args.in_flight} files in flight + max(1, W - 1) readers a rank")
+    print(cores_note(free_before, free_after))
+    print("\n| W | epoch | DataLoader s | StagedLoader s | ratio | bounds' ratio |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for row in rows:
+        # torch_dropin's bounds for the job's 2W DataLoader workers and 2 max(1, W - 1) readers.
+        dl_bound, _ = bounds(2 * row["w"], args.samples, args.open_ms / 1000, d, os.cpu_count(), args.in_flight,
+                             args.epochs)
+        _, st_bound = bounds(2 * readers(row["w"]) + 1, args.samples, args.open_ms / 1000, d, os.cpu_count(),
+                             args.in_flight, args.epochs)
+        for e, (a, b) in enumerate(zip(row["dataloader"]["epochs"], row["stager"]["epochs"])):
+            print(f"| {row['w']} | {e} | {a:.2f} | {b:.2f} | {a / b:.2f}x | {dl_bound[e] / st_bound[e]:.2f}x |")
+    print("\n| W | method | loading processes | all epochs s | ranks CPU s | loading workers CPU s | "
+          "prefetchers CPU s | emulator CPU s |")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|")
+    for row in rows:
+        for method, processes in (("dataloader", 2 * row["w"]), ("stager", 2 * readers(row["w"]) + 1)):
+            cpu = row[method]["cpu"]
+            print(f"| {row['w']} | {method} | {processes} | {sum(row[method]['epochs']):.2f} | {cpu['ranks']:.2f} | "
+                  f"{cpu['loading workers']:.2f} | {cpu['prefetchers']:.2f} | {cpu['emulator']:.2f} |")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"samples": args.samples, "open_ms": args.open_ms, "decode_s": d, "rows": rows}, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()
