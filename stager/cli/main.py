@@ -266,7 +266,7 @@ def build_parser():
     p.add_argument("--engine", choices=ENGINES, help="the emulator's engine (default auto: C where it builds)")
     p.add_argument("--json", metavar="FILE", help="write every measurement as JSON")
     p.add_argument("--plots", metavar="DIR", help="write bench-throughput.png and bench-breakdown.png here")
-    p.add_argument("--markdown", metavar="FILE", help="put the tables into FILE (e.g. docs/benchmarks.md)")
+    p.add_argument("--markdown", metavar="FILE", help="put the tables into FILE (e.g. docs/benchmarks-loaders.md)")
     p.set_defaults(func=_cmd_bench)
 
     p = sub.add_parser("catalog", help="build a catalog file that nodes map instead of receiving it whole",
