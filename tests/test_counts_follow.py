@@ -21,7 +21,8 @@ from conftest import stager_cmd
 from stager import plan
 from stager import telemetry as tm
 from stager.config import config_from_dict
-from stager.engine import Pipeline, limits
+from stager.engine import Pipeline
+from stager.engine.workers import limits
 from stager.engine.perf.start import MAX_PREFETCHERS
 from stager.job.synth import MANIFEST, make_dataset
 from stager.slowfs import SlowFS

@@ -13,7 +13,7 @@ While running, ``auto`` may go deeper, up to ``MAX_DEPTH`` where the room
 allows it (``fitting_depth(..., most=MAX_DEPTH)``): as deep as Little's law
 says a minibatch must be asked for ahead so that it is staged when its turn
 comes (``needed_depth``: the time its files take to fetch over the time the
-training takes a step; ``engine.deepening`` measures both).
+training takes a step; ``engine.tuning.deepening`` measures both).
 """
 
 import math

@@ -1,7 +1,20 @@
 """The commands that write datasets (with ``stager demo``, the only ones): ``make-dataset`` and ``pack``."""
 
+import argparse
+
 from ..config import load_config
 from ..errors import StagerError
+
+
+def _positive(text):
+    """An argparse type: a whole number of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
+    return value
 
 
 def _cmd_make_dataset(args):
@@ -42,7 +55,8 @@ def _cmd_pack(args):
         raise StagerError("pack reads a local directory and writes one; give paths, not URLs")
     catalog = (Catalog.from_manifest(args.source, args.manifest) if args.manifest
                else Catalog.from_directory(args.source, args.extensions))
-    manifest, shards = pack(catalog, args.output, args.format, args.per_shard, progress=not args.quiet)
+    manifest, shards = pack(catalog, args.output, args.format, args.per_shard, processes=args.processes,
+                            progress=not args.quiet)
     print(f"packed {len(catalog)} samples into {shards} {args.format} containers under {args.output}; "
           f"{manifest} lists them (dataset.manifest)")
     return 0
@@ -85,5 +99,8 @@ def add_dataset_parsers(sub):
     p.add_argument("--manifest", help="read this manifest (relative to SRC) instead of scanning; its labels go "
                                       "with the samples")
     p.add_argument("--extensions", nargs="*", default=[], help="when scanning, keep only these suffixes")
+    p.add_argument("--processes", type=_positive, metavar="N",
+                   help="processes writing containers at once, each a whole container (default: the cores this "
+                        "process may use); the containers are the same whatever N")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd_pack)

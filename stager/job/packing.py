@@ -10,8 +10,10 @@ named dataset, chunked by row so that a sample is read alone.
 """
 
 import io
+import multiprocessing
 import os
 import tarfile
+from concurrent.futures import ProcessPoolExecutor, as_completed
 
 import numpy as np
 
@@ -20,8 +22,91 @@ from .synth import MANIFEST, _jpeg_image, _jpeg_noise, sample_shape
 from ..errors import ConfigError
 
 
+class Container:
+    """One container under ``out``, written under a temporary name and renamed when complete.
+
+    Args:
+        out: Its directory (existing).
+        fmt: ``tar`` or ``hdf5``.
+        index: Its number (its name: ``shard-NNNNNN.tar`` or ``.h5``).
+        rows: The most samples it holds (HDF5's datasets are made that long, then cut).
+    """
+
+    def __init__(self, out, fmt, index, rows):
+        self.path = os.path.join(out, f"shard-{index:06d}.{'tar' if fmt == 'tar' else 'h5'}")
+        self.fmt, self.capacity, self.rows = fmt, rows, 0
+        if fmt == "tar":
+            self.handle = tarfile.open(self.path + ".part", "w", format=tarfile.USTAR_FORMAT)
+        else:
+            import h5py  # deferred: only HDF5 containers need it
+
+            self.handle = h5py.File(self.path + ".part", "w")
+
+    def add(self, key, parts):
+        """Appends one sample (see ``ShardWriter.add``)."""
+        if self.fmt == "tar":
+            for part, data in parts.items():
+                info = tarfile.TarInfo(f"{key}.{part}")
+                info.size = len(data)
+                self.handle.addfile(info, io.BytesIO(data))
+        else:
+            self._add_row(key, parts)
+        self.rows += 1
+
+    def _add_row(self, key, parts):
+        handle = self.handle
+        for name, value in parts.items():
+            value = np.asarray(value)
+            if name not in handle:
+                handle.create_dataset(name, shape=(self.capacity, *value.shape), dtype=value.dtype,
+                                      maxshape=(None, *value.shape), chunks=(1, *value.shape) if value.shape else None)
+            ds = handle[name]
+            if ds.shape[1:] != value.shape or ds.dtype != value.dtype:
+                raise ConfigError(f"sample {key}: {name} is {value.dtype} {value.shape}, but the container's "
+                                  f"earlier samples are {ds.dtype} {ds.shape[1:]}: an HDF5 dataset holds rows of "
+                                  "one shape and type")
+            ds[self.rows] = value
+
+    def finish(self):
+        """Closes and publishes it; returns its file's name."""
+        if self.fmt == "hdf5":
+            for name in self.handle:
+                self.handle[name].resize(self.rows, axis=0)
+        self.handle.close()
+        os.replace(self.path + ".part", self.path)
+        return os.path.basename(self.path)
+
+    def abort(self):
+        """Drops it (its temporary file): an interrupted pack leaves no partial container."""
+        self.handle.close()
+        os.unlink(self.path + ".part")
+
+
+def _fresh(out, fmt, per_shard):
+    """Checks the format and size and makes ``out``, which must be new or empty."""
+    if fmt not in ("tar", "hdf5"):
+        raise ConfigError(f"container format must be tar or hdf5, not {fmt!r}")
+    if per_shard < 1:
+        raise ConfigError("samples per shard must be at least 1")
+    if os.path.isdir(out) and os.listdir(out):
+        raise ConfigError(f"{out} already holds files: containers are written only into a new or empty "
+                          "directory")
+    os.makedirs(out, exist_ok=True)
+
+
+def _write_manifest(out, names):
+    """Writes the manifest listing the containers, last: its presence means the dataset is complete."""
+    if not names:
+        raise ConfigError("no samples to pack")
+    manifest = os.path.join(out, MANIFEST)
+    with open(manifest + ".part", "w", encoding="utf-8") as fh:
+        fh.writelines(f"{name}\n" for name in names)
+    os.replace(manifest + ".part", manifest)
+    return manifest
+
+
 class ShardWriter:
-    """Writes samples into numbered containers under ``out``.
+    """Writes samples one by one into numbered containers under ``out``.
 
     Args:
         out: Directory to create (new or empty).
@@ -30,19 +115,11 @@ class ShardWriter:
     """
 
     def __init__(self, out, fmt, per_shard):
-        if fmt not in ("tar", "hdf5"):
-            raise ConfigError(f"container format must be tar or hdf5, not {fmt!r}")
-        if per_shard < 1:
-            raise ConfigError("samples per shard must be at least 1")
-        if os.path.isdir(out) and os.listdir(out):
-            raise ConfigError(f"{out} already holds files: containers are written only into a new or empty "
-                              "directory")
-        os.makedirs(out, exist_ok=True)
+        _fresh(out, fmt, per_shard)
         self.out, self.fmt, self.per_shard = out, fmt, per_shard
         self.shards = []
         self.samples = 0
-        self._open = None   # the container being written: (path, handle)
-        self._rows = 0
+        self._open = None   # the Container being written
 
     def add(self, key, parts):
         """Appends one sample.
@@ -53,61 +130,21 @@ class ShardWriter:
                 sample's arrays of one shape and dtype per dataset).
         """
         if self._open is None:
-            self._start()
-        path, handle = self._open
-        if self.fmt == "tar":
-            for part, data in parts.items():
-                info = tarfile.TarInfo(f"{key}.{part}")
-                info.size = len(data)
-                handle.addfile(info, io.BytesIO(data))
-        else:
-            self._add_row(handle, path, key, parts)
-        self._rows += 1
+            self._open = Container(self.out, self.fmt, len(self.shards), self.per_shard)
+        self._open.add(key, parts)
         self.samples += 1
-        if self._rows == self.per_shard:
+        if self._open.rows == self.per_shard:
             self._finish()
 
-    def _start(self):
-        name = f"shard-{len(self.shards):06d}.{'tar' if self.fmt == 'tar' else 'h5'}"
-        path = os.path.join(self.out, name)
-        if self.fmt == "tar":
-            handle = tarfile.open(path + ".part", "w", format=tarfile.USTAR_FORMAT)
-        else:
-            import h5py  # deferred: only HDF5 containers need it
-
-            handle = h5py.File(path + ".part", "w")
-        self._open, self._rows = (path, handle), 0
-
-    def _add_row(self, handle, path, key, parts):
-        for name, value in parts.items():
-            value = np.asarray(value)
-            if name not in handle:
-                handle.create_dataset(name, shape=(self.per_shard, *value.shape), dtype=value.dtype,
-                                      maxshape=(None, *value.shape), chunks=(1, *value.shape) if value.shape else None)
-            ds = handle[name]
-            if ds.shape[1:] != value.shape or ds.dtype != value.dtype:
-                raise ConfigError(f"sample {key}: {name} is {value.dtype} {value.shape}, but the container's "
-                                  f"earlier samples are {ds.dtype} {ds.shape[1:]}: an HDF5 dataset holds rows of "
-                                  "one shape and type")
-            ds[self._rows] = value
-
     def _finish(self):
-        path, handle = self._open
-        if self.fmt == "hdf5":
-            for name in handle:
-                handle[name].resize(self._rows, axis=0)
-        handle.close()
-        os.replace(path + ".part", path)
-        self.shards.append(os.path.basename(path))
+        self.shards.append(self._open.finish())
         self._open = None
 
     def abort(self):
-        """Drops the container being written (its temporary file): an interrupted pack leaves no partial one."""
+        """Drops the container being written: an interrupted pack leaves no partial one."""
         if self._open is not None:
-            path, handle = self._open
-            self._open = None
-            handle.close()
-            os.unlink(path + ".part")
+            container, self._open = self._open, None
+            container.abort()
 
     def __enter__(self):
         return self
@@ -120,13 +157,7 @@ class ShardWriter:
         """Completes the last container and writes the manifest; returns the manifest's path."""
         if self._open is not None:
             self._finish()
-        if not self.shards:
-            raise ConfigError("no samples to pack")
-        manifest = os.path.join(self.out, MANIFEST)
-        with open(manifest + ".part", "w", encoding="utf-8") as fh:
-            fh.writelines(f"{name}\n" for name in self.shards)
-        os.replace(manifest + ".part", manifest)
-        return manifest
+        return _write_manifest(self.out, self.shards)
 
 
 def make_shards(out, fmt, samples, nbytes, classes, seed, per_shard, content="npy", progress=True):
@@ -165,38 +196,84 @@ def _synthetic(writer, fmt, samples, width, shape, labels, rng, content, noise, 
         bar.update()
 
 
-def pack(catalog, out, fmt, per_shard, progress=True):
+def pack(catalog, out, fmt, per_shard, processes=None, progress=True):
     """Packs a file tree's samples into containers (``stager pack``), in catalog order.
 
     Tar: each file becomes ``KEY.EXT`` with ``KEY`` its path without the
     extension, plus ``KEY.cls`` for a labelled catalog. HDF5: every file
     must be a ``.npy`` array of one shape and type, stored as row ``x``,
-    with ``y`` the label for a labelled catalog.
+    with ``y`` the label for a labelled catalog. Containers are independent
+    (container ``k`` holds samples ``k * per_shard`` onwards), so
+    ``processes`` forked workers write them at once, each a whole container
+    at a time; the files are the same whatever their number.
 
     Args:
         catalog: The files' ``Catalog`` (its root is read).
+        processes: Writing processes; None: the cores this process may use;
+            1: this process alone.
 
     Returns:
         ``(manifest path, containers written)``.
     """
+    _fresh(out, fmt, per_shard)
+    count = -(-len(catalog) // per_shard)
+    processes = min(processes or len(os.sched_getaffinity(0)), max(count, 1))
+    jobs = [(catalog.root, out, fmt, k, [(catalog.path(i), catalog.label(i))
+                                         for i in range(k * per_shard, min(len(catalog), (k + 1) * per_shard))])
+            for k in range(count)]
     bar = Progress(len(catalog), f"packing into {out}", "files", enabled=progress)
-    with ShardWriter(out, fmt, per_shard) as writer:
-        for i in range(len(catalog)):
-            writer.add(*_packed(catalog, i, fmt))
-            bar.update()
-        bar.close()
-        return writer.close(), len(writer.shards)
+    if processes <= 1:
+        names = []
+        for job in jobs:
+            names.append(_write_container(*job))
+            bar.update(len(job[-1]))
+    else:
+        names = _in_processes(jobs, processes, bar)
+    bar.close()
+    return _write_manifest(out, names), len(names)
 
 
-def _packed(catalog, i, fmt):
-    """``(key, parts)`` of catalog entry ``i`` for a ``fmt`` container."""
-    rel = catalog.path(i)
-    path = os.path.join(catalog.root, rel)
+def _in_processes(jobs, processes, bar):
+    """Writes the containers of ``jobs`` in ``processes`` forked workers; their names in order.
+
+    The first error ends the pack: containers not begun are cancelled, those
+    being written finish or drop their temporary file, and the error is
+    raised here (a worker's own error, naming the file at fault; a worker
+    that died, ``BrokenProcessPool``). The pool is shut down and joined
+    whatever happens, so no worker outlives the call.
+    """
+    names = [None] * len(jobs)
+    pool = ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("fork"))
+    try:
+        futures = {pool.submit(_write_container, *job): job for job in jobs}
+        for future in as_completed(futures):
+            job = futures[future]
+            names[job[3]] = future.result()
+            bar.update(len(job[-1]))
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+    return names
+
+
+def _write_container(root, out, fmt, index, entries):
+    """Writes container ``index`` of ``entries`` (``(relative path, label)``); returns its file's name."""
+    container = Container(out, fmt, index, len(entries))
+    try:
+        for rel, label in entries:
+            container.add(*_packed(root, rel, label, fmt))
+        return container.finish()
+    except BaseException:
+        container.abort()
+        raise
+
+
+def _packed(root, rel, label, fmt):
+    """``(key, parts)`` of the file ``rel`` under ``root``, labelled ``label``, for a ``fmt`` container."""
+    path = os.path.join(root, rel)
     key, dot, ext = rel.rpartition(".")
     if not dot or "/" in ext or "." in os.path.basename(key):
         raise ConfigError(f"{rel}: tar shards name a sample's parts KEY.PART, so a file must have exactly one "
                           "dot in its name to be packed")
-    label = catalog.label(i)
     if fmt == "tar":
         with open(path, "rb") as fh:
             parts = {ext.lower(): fh.read()}

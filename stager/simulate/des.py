@@ -53,7 +53,7 @@ class Job:
             ``engine.perf.Tuner`` for one node's pool: the engine's controller,
             replayed in simulated time; None: fixed prefetchers.
         deepest: For ``staging.lookahead: auto``, the deepest ``ahead`` may
-            grow to (``engine.deepening``); None: ``ahead`` is fixed.
+            grow to (``engine.tuning.deepening``); None: ``ahead`` is fixed.
     """
 
     def __init__(self, profile, demand, prefetchers, readers, ahead, read_ahead, compute_s, tuner=None,

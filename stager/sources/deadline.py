@@ -3,7 +3,7 @@
 An open, a stat or a listing on a hung file system (a Lustre OST or a
 metadata server that stopped answering) raises nothing and times out
 nowhere: the calling thread just waits in the kernel. The prefetchers are
-watched by the node service's stall board (``engine.stalls``). Everything
+watched by the node service's stall board (``engine.node.stalls``). Everything
 else that reads the source in the rank process (listing it, reading a
 manifest or a catalog file, the existence check, probing it for ``auto``
 counts, a peer fetch falling back to it) runs under a ``Deadline``: in a
