@@ -1,0 +1,310 @@
+"""stager beside MosaicML Streaming and LitData: the same JPEGs on the same emulated file system, each as its users run it.
+
+    python -m venv /tmp/peers && PIP_CONSTRAINT=constraints.txt /tmp/peers/bin/pip install -e ".[mpich,vision,bench-peers]"
+    /tmp/peers/bin/python benchmarks/loaders/peers_side.py --processes 4 --rounds 2 --json docs/peers-side.json
+
+Streaming and LitData pin other versions of shared packages (the extra
+``bench-peers``), so the benchmark runs from a venv of their own. 256x256
+JPEGs of about 115 KB in ``--classes`` class directories lie behind the
+FUSE emulator at ``--open-ms`` an open; every method applies torchvision's
+training transforms (RandomResizedCrop(224), RandomHorizontalFlip,
+ToTensor, Normalize), batch 32, shuffled, ``--epochs`` epochs, no compute,
+``num_workers`` = N:
+
+- ``dataloader``: ``DataLoader(ImageFolder(...), persistent_workers=True)``;
+- ``stager``: the one-line ``StagedLoader(ImageFolder(...))``, nothing set
+  but its local directory;
+- ``stager-tar``: ``StagedLoader(ShardDataset(...))`` over the shards
+  ``stager pack --processes N`` wrote from the mount;
+- ``streaming``: Streaming's ``StreamingDataset(remote=the mount,
+  local=a cache)`` over the shards ``MDSWriter`` wrote (one process, its
+  only mode), under a ``DataLoader``, as Streaming's documentation shows;
+- ``litdata``: LitData's ``StreamingDataset`` over the chunks
+  ``litdata.optimize(num_workers=N)`` wrote, read in place (its behaviour
+  for a local path), under its ``StreamingDataLoader``.
+
+Conversions read the JPEGs through the emulator and write beside them;
+each is timed once per N. Each method then runs in a fresh process, the
+methods alternating within each round, on a fresh mount. Reported per
+method: conversion seconds, each epoch's median seconds, totals with and
+without the conversion, seconds to the first batch, opens of the source's
+files (inotify on the emulator's backing tree) and bytes the emulator read,
+peak bytes in the method's local directory, loading processes, CPU seconds
+per process kind, and classes per batch (how well the order mixes).
+"""
+
+import argparse
+import io
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.join(REPO, "tests"))
+
+from torch_dropin import BATCH, cpu_of, one_run_arguments, transforms  # noqa: E402  (the drop-in benchmark's)
+
+METHODS = ("dataloader", "stager", "stager-tar", "streaming", "litdata")
+
+
+class _Decode:
+    """JPEG bytes and a label to the transformed tensor and the label (picklable: workers may be spawned)."""
+
+    def __init__(self):
+        self.tf = transforms()
+
+    def __call__(self, data, label):
+        from PIL import Image
+
+        return self.tf(Image.open(io.BytesIO(data)).convert("RGB")), int(label)
+
+
+class _TarSample(_Decode):
+    def __call__(self, sample):
+        return super().__call__(sample["jpg"], sample["cls"])
+
+
+def _loader(args):
+    """The method's data loader over ``args.data`` (the mount's root)."""
+    from torch.utils.data import DataLoader
+
+    from iterators.pytorch import ShardDataset, StagedLoader
+    from torchvision.datasets import ImageFolder  # noqa: E402  (after iterators.pytorch)
+
+    config = {"staging": {"local_dir": args.local}}
+    if args.one == "dataloader":
+        return DataLoader(ImageFolder(os.path.join(args.data, "imgs"), transform=transforms()), batch_size=BATCH,
+                          shuffle=True, num_workers=args.n, persistent_workers=True)
+    if args.one == "stager":
+        return StagedLoader(ImageFolder(os.path.join(args.data, "imgs"), transform=transforms()), batch_size=BATCH,
+                            shuffle=True, num_workers=args.n, config=config)
+    if args.one == "stager-tar":
+        shards = ShardDataset(os.path.join(args.data, f"tar-{args.n}"), format="tar", manifest="manifest.tsv",
+                              transform=_TarSample())
+        return StagedLoader(shards, batch_size=BATCH, shuffle=True, num_workers=args.n, config=config)
+    if args.one == "streaming":
+        import streaming
+        from streaming.base.util import clean_stale_shared_memory
+
+        decode = _Decode()
+
+        class Images(streaming.StreamingDataset):
+            def __getitem__(self, index):
+                sample = super().__getitem__(index)
+                return decode(sample["image"], sample["label"])
+
+        clean_stale_shared_memory()
+        data = Images(remote=os.path.join(args.data, "mds"), local=args.local, shuffle=True, batch_size=BATCH)
+        return DataLoader(data, batch_size=BATCH, num_workers=args.n)
+    import litdata
+
+    decode = _Decode()
+
+    class Chunks(litdata.StreamingDataset):
+        def __getitem__(self, index):
+            sample = super().__getitem__(index)
+            return decode(sample["image"], sample["label"])
+
+    data = Chunks(os.path.join(args.data, f"lit-{args.n}"), shuffle=True)
+    return litdata.StreamingDataLoader(data, batch_size=BATCH, num_workers=args.n)
+
+
+def _bytes_under(path):
+    total = 0
+    for dirpath, _, names in os.walk(path):
+        for name in names:
+            try:
+                total += os.lstat(os.path.join(dirpath, name)).st_size
+            except FileNotFoundError:
+                pass  # removed while walking (an evicted copy)
+    return total
+
+
+def one(args):
+    """One method in this process: epochs, first batch, CPU per kind, processes, local bytes, mixing; JSON."""
+    import torch
+
+    from stager.bench.cpu import CpuMeter, descendants
+
+    torch.manual_seed(0)
+    loader = _loader(args)
+    epochs, processes, first, peak, classes, expected = [], 0, None, 0, [], None
+    with CpuMeter() as meter:
+        for epoch in range(args.epochs):
+            begin, samples = time.perf_counter(), 0
+            for _, labels in loader:
+                if first is None:
+                    first = time.perf_counter() - begin
+                samples += len(labels)
+                if epoch == 0:
+                    classes.append(len(set(labels.tolist())))
+                processes = max(processes, len(descendants(os.getpid())))
+            epochs.append(time.perf_counter() - begin)
+            peak = max(peak, _bytes_under(args.local))
+            expected = expected or samples
+            assert samples == expected, (epoch, samples, expected)
+        if hasattr(loader, "close"):
+            loader.close()
+        del loader
+    print(json.dumps({"epochs": epochs, "samples": expected, "first_batch_s": first, "cpu": meter.seconds(),
+                      "processes": processes, "local_peak_bytes": peak,
+                      "classes_per_batch": statistics.mean(classes)}))
+
+
+def _mds(mnt, out):
+    from streaming import MDSWriter
+
+    from stager.catalog import Catalog
+
+    files = Catalog.from_directory(os.path.join(mnt, "imgs"), [".jpg"])
+    with MDSWriter(out=out, columns={"image": "bytes", "label": "int"}, size_limit=64 << 20) as writer:
+        for i in range(len(files)):
+            with open(os.path.join(files.root, files.path(i)), "rb") as fh:
+                writer.write({"image": fh.read(), "label": int(files.label(i))})
+
+
+def _lit_item(item):
+    path, label = item
+    with open(path, "rb") as fh:
+        return {"image": fh.read(), "label": label}
+
+
+def _lit(mnt, out, n):
+    import litdata
+
+    from stager.catalog import Catalog
+
+    files = Catalog.from_directory(os.path.join(mnt, "imgs"), [".jpg"])
+    inputs = [(os.path.join(files.root, files.path(i)), int(files.label(i))) for i in range(len(files))]
+    litdata.optimize(fn=_lit_item, inputs=inputs, output_dir=out, num_workers=n, chunk_bytes="64MB")
+
+
+def convert(kind, n, mnt, backing):
+    """Writes method ``kind``'s shards for N = ``n`` from the mount into the backing tree; the seconds it took."""
+    begin = time.perf_counter()
+    if kind == "stager-tar":
+        done = subprocess.run([sys.executable, "-m", "stager", "pack", os.path.join(mnt, "imgs"),
+                               os.path.join(backing, f"tar-{n}"), "--processes", str(n), "--quiet",
+                               "--extensions", ".jpg"], capture_output=True, text=True, env=_env())
+        if done.returncode:
+            sys.exit(f"stager pack failed:\n{done.stderr}")
+    elif kind == "streaming":
+        _mds(mnt, os.path.join(backing, "mds"))
+    else:
+        _lit(mnt, os.path.join(backing, f"lit-{n}"), n)
+    return time.perf_counter() - begin
+
+
+def _env():
+    return dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS="1")
+
+
+def _rchar(pid):
+    with open(f"/proc/{pid}/io") as fh:
+        return int(next(line for line in fh if line.startswith("rchar")).split()[1])
+
+
+def run(method, n, mnt, backing, work, daemon, args):
+    """One method in a fresh process, with the source's opens and the emulator's CPU and bytes around it."""
+    from helpers.opens import Opens
+
+    local = tempfile.mkdtemp(prefix=f"local-{method}-", dir=work)
+    cpu, read = cpu_of(daemon), _rchar(daemon)
+    cmd = [sys.executable, os.path.abspath(__file__), "--one", method, "--n", str(n), "--data", mnt,
+           "--local", local, "--epochs", str(args.epochs)]
+    with Opens(backing) as opens:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, env=_env())
+        counted = opens.count()
+    shutil.rmtree(local, ignore_errors=True)
+    if proc.returncode:
+        sys.exit(f"{method} N={n} failed:\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
+    result = json.loads(proc.stdout.splitlines()[-1])
+    result["cpu"]["emulator"] = round(cpu_of(daemon) - cpu, 2)
+    result["source_bytes"] = _rchar(daemon) - read
+    result["opens"] = sum(counted.values())
+    return result
+
+
+def _table(n, results, conversions, args):
+    med = {m: [statistics.median(r["epochs"][e] for r in rs) for e in range(args.epochs)] for m, rs in results.items()}
+    print(f"\nN = {n}\n")
+    print("| method | conversion s | " + " | ".join(f"epoch {e + 1} s" for e in range(args.epochs)) +
+          " | total s | with conversion s | first batch s | source opens | source MB | local peak MB | "
+          "loading processes | CPU s: rank / loaders / prefetchers / emulator | classes per batch |")
+    print("|---|" + "---:|" * (args.epochs + 9))
+    for m, rs in results.items():
+        conv = conversions.get(m, 0.0)
+        cpu = {k: statistics.median(r["cpu"][k] for r in rs) for k in ("rank", "readers", "prefetchers", "emulator")}
+        print(f"| {m} | {conv:.1f} | " + " | ".join(f"{t:.2f}" for t in med[m]) +
+              f" | {sum(med[m]):.2f} | {sum(med[m]) + conv:.2f}"
+              f" | {statistics.median(r['first_batch_s'] for r in rs):.2f} | {max(r['opens'] for r in rs)}"
+              f" | {max(r['source_bytes'] for r in rs) / 1e6:.0f} | {max(r['local_peak_bytes'] for r in rs) / 1e6:.0f}"
+              f" | {max(r['processes'] for r in rs)} | " + " / ".join(f"{cpu[k]:.2f}" for k in cpu) +
+              f" | {statistics.median(r['classes_per_batch'] for r in rs):.1f} |")
+    for m in results:
+        if m != "stager":
+            ratios = ", ".join(f"{a / b:.2f}x" for a, b in zip(med[m], med["stager"]))
+            print(f"{m} / stager, by epoch: {ratios}; total {sum(med[m]) / sum(med['stager']):.2f}x")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--samples", type=int, default=1536)
+    parser.add_argument("--classes", type=int, default=8)
+    parser.add_argument("--open-ms", type=float, default=10.0)
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--processes", default="2,4,8", help="N: every method's num_workers (and conversion's)")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--methods", default=",".join(METHODS))
+    parser.add_argument("--json", help="write every figure here")
+    one_run_arguments(parser)
+    args = parser.parse_args()
+    if args.one:
+        return one(args)
+
+    from stager.job.synth import make_dataset
+    from stager.slowfs import SlowFS, mount_entry
+
+    methods = args.methods.split(",")
+    out = {"samples": args.samples, "open_ms": args.open_ms, "epochs": args.epochs, "rows": {}}
+    with tempfile.TemporaryDirectory(prefix="stager-peers-side-") as work:
+        backing, mnt = os.path.join(work, "src"), os.path.join(work, "mnt")
+        os.makedirs(mnt)
+        make_dataset(os.path.join(backing, "imgs"), args.samples, nbytes=115000, classes=args.classes, seed=1,
+                     progress=False, fmt="jpeg")
+        os.remove(os.path.join(backing, "imgs", "manifest.tsv"))  # an ImageFolder: class directories only
+        for n in (int(x) for x in args.processes.split(",")):
+            conversions = {}
+            with SlowFS(backing, mnt, open_ms=args.open_ms, mbps=0):
+                for kind in ("stager-tar", "streaming", "litdata"):
+                    if kind in methods and not (kind == "streaming" and os.path.isdir(os.path.join(backing, "mds"))):
+                        conversions[kind] = convert(kind, n, mnt, backing)
+            if "streaming" in methods:
+                conversions.setdefault("streaming", out.get("mds_s", 0.0))
+                out["mds_s"] = conversions["streaming"]
+            results = {m: [] for m in methods}
+            # A fresh mount: the emulator's name cache holds nothing of the conversions.
+            with SlowFS(backing, mnt, open_ms=args.open_ms, mbps=0) as mounted:
+                daemon = int(mount_entry(mounted).split(":", 1)[1])
+                for _ in range(args.rounds):
+                    for m in methods:  # alternating: a slow spell of the machine falls on every method
+                        results[m].append(run(m, n, mounted, backing, work, daemon, args))
+            out["rows"][n] = {"conversions": conversions, "results": results}
+            print(f"{args.samples} JPEGs in {args.classes} classes behind the emulator at {args.open_ms:g} ms an "
+                  f"open; torchvision's training transforms, batch {BATCH}; {args.epochs} epochs; medians of "
+                  f"{args.rounds} rounds; {os.cpu_count()} cores", flush=True)
+            _table(n, results, conversions, args)
+            sys.stdout.flush()
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(out, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()
