@@ -1,10 +1,12 @@
 """stager beside MosaicML Streaming and LitData: the same JPEGs on the same emulated file system, each as its users run it.
 
     python -m venv /tmp/peers && PIP_CONSTRAINT=constraints.txt /tmp/peers/bin/pip install -e ".[mpich,vision,bench-peers]"
+    cp .venv/lib/python3.11/site-packages/stager-torchvision.pth /tmp/peers/lib/python3.11/site-packages/
     /tmp/peers/bin/python benchmarks/loaders/peers_side.py --processes 4 --rounds 2 --json docs/peers-side.json
 
 Streaming and LitData pin other versions of shared packages (the extra
-``bench-peers``), so the benchmark runs from a venv of their own. 256x256
+``bench-peers``), so the benchmark runs from a venv of their own (with
+the README's hook that lets torchvision import beside the CPU torch). 256x256
 JPEGs of about 115 KB in ``--classes`` class directories lie behind the
 FUSE emulator at ``--open-ms`` an open; every method applies torchvision's
 training transforms (RandomResizedCrop(224), RandomHorizontalFlip,
