@@ -26,7 +26,7 @@ class ShardDataset(Dataset):
 
     Args:
         source: The directory holding the containers.
-        format: ``tar``, ``hdf5`` or ``auto`` (``dataset.format``).
+        format: ``tar``, ``hdf5``, ``mds`` or ``auto`` (``dataset.format``).
         keys: HDF5 datasets whose first axis indexes samples (``dataset.keys``).
         parts: Tar parts each sample keeps (``dataset.parts``); default: all.
         manifest: A manifest listing the containers (relative to

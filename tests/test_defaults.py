@@ -195,3 +195,43 @@ def test_epoch_one_under_the_defaults_opens_each_file_once_probe_included(tmp_pa
     assert start["why"].startswith("auto, from a probe")
     assert start["prefetchers"] * start["in_flight"] >= START_IN_FLIGHT
     assert not os.listdir(tmp_path / "local"), "the staging directory was not removed"
+
+
+def test_epoch_one_under_the_defaults_stages_each_tar_shard_once_probe_included(tmp_path):
+    """The same for tar shards: the probe reads the plan's first containers into the staging directory, so
+    each container is opened twice in two epochs (once by the catalog's index of its headers, once to be
+    staged) and every sample's parts are the shard's."""
+    import tarfile
+
+    from helpers.opens import Opens
+    from stager.job.packing import make_shards
+
+    data = tmp_path / "data"
+    make_shards(str(data), "tar", 160, 3000, 4, 2, 20, progress=False)
+    members = {}
+    for name in sorted(os.listdir(data)):
+        if name.endswith(".tar"):
+            with tarfile.open(data / name) as tar:
+                members.update({m.name: tar.extractfile(m).read() for m in tar.getmembers()})
+    (tmp_path / "mnt").mkdir()
+    with SlowFS(str(data), str(tmp_path / "mnt"), open_ms=5.0) as mnt:
+        cfg = _config(mnt, tmp_path / "local", dataset={"format": "tar", "loader": "raw"},
+                      plan={"shuffle_algorithm": "shards", "shard_window": 2})
+        with Opens(data) as opens:
+            with Pipeline(cfg) as pipe:
+                batches = [(b.epoch, b.step, b.indices.tolist(), b.samples) for b in pipe]
+                timeline = pipe.counts_timeline()
+                catalog = pipe.catalog
+            counts = opens.count()
+    counts.pop("manifest.tsv", None)
+    assert dict(counts) == {p: 2 for p in catalog.files.paths()}
+    spec = plan.PlanSpec.from_config(len(catalog), cfg.plan, 1, containers=catalog.containers)
+    assert [b[:3] for b in batches] == [(m.epoch, m.step, m.indices.tolist()) for m in spec.minibatches(0)]
+    for epoch in range(2):
+        assert sorted(i for e, _, idx, _ in batches if e == epoch for i in idx) == list(range(len(catalog)))
+    for _, _, _, samples in batches:
+        for sample in samples:
+            assert sample["npy"] == members[sample["__key__"] + ".npy"]
+            assert sample["cls"] == members[sample["__key__"] + ".cls"]
+    assert timeline[0]["why"].startswith("auto, from a probe")
+    assert not os.listdir(tmp_path / "local"), "the staging directory was not removed"

@@ -21,6 +21,8 @@ ToTensor, Normalize), batch 32, shuffled, ``--epochs`` epochs, no compute,
 - ``streaming``: Streaming's ``StreamingDataset(remote=the mount,
   local=a cache)`` over the shards ``MDSWriter`` wrote (one process, its
   only mode), under a ``DataLoader``, as Streaming's documentation shows;
+- ``stager-mds``: ``StagedLoader(ShardDataset(..., format="mds"))`` over
+  the very shards Streaming reads (``dataset.format: mds``);
 - ``litdata``: LitData's ``StreamingDataset`` over the chunks
   ``litdata.optimize(num_workers=N)`` wrote, read in place (its behaviour
   for a local path), under its ``StreamingDataLoader``.
@@ -52,7 +54,7 @@ sys.path.insert(0, os.path.join(REPO, "tests"))
 
 from torch_dropin import BATCH, cpu_of, one_run_arguments, transforms  # noqa: E402  (the drop-in benchmark's)
 
-METHODS = ("dataloader", "stager", "stager-tar", "streaming", "litdata")
+METHODS = ("dataloader", "stager", "stager-tar", "streaming", "stager-mds", "litdata")
 
 
 class _Decode:
@@ -72,6 +74,11 @@ class _TarSample(_Decode):
         return super().__call__(sample["jpg"], sample["cls"])
 
 
+class _MdsSample(_Decode):
+    def __call__(self, sample):
+        return super().__call__(sample["image"], sample["label"])
+
+
 def _loader(args):
     """The method's data loader over ``args.data`` (the mount's root)."""
     from torch.utils.data import DataLoader
@@ -89,6 +96,9 @@ def _loader(args):
     if args.one == "stager-tar":
         shards = ShardDataset(os.path.join(args.data, f"tar-{args.n}"), format="tar", manifest="manifest.tsv",
                               transform=_TarSample())
+        return StagedLoader(shards, batch_size=BATCH, shuffle=True, num_workers=args.n, config=config)
+    if args.one == "stager-mds":
+        shards = ShardDataset(os.path.join(args.data, "mds"), format="mds", transform=_MdsSample())
         return StagedLoader(shards, batch_size=BATCH, shuffle=True, num_workers=args.n, config=config)
     if args.one == "streaming":
         import streaming
@@ -250,7 +260,7 @@ def _table(n, results, conversions, args):
               f" | {max(r['processes'] for r in rs)} | " + " / ".join(f"{cpu[k]:.2f}" for k in cpu) +
               f" | {statistics.median(r['classes_per_batch'] for r in rs):.1f} |")
     for m in results:
-        if m != "stager":
+        if m != "stager" and "stager" in results:
             ratios = ", ".join(f"{a / b:.2f}x" for a, b in zip(med[m], med["stager"]))
             print(f"{m} / stager, by epoch: {ratios}; total {sum(med[m]) / sum(med['stager']):.2f}x")
 
@@ -285,11 +295,13 @@ def main():
             conversions = {}
             with SlowFS(backing, mnt, open_ms=args.open_ms, mbps=0):
                 for kind in ("stager-tar", "streaming", "litdata"):
-                    if kind in methods and not (kind == "streaming" and os.path.isdir(os.path.join(backing, "mds"))):
+                    wanted = kind in methods or (kind == "streaming" and "stager-mds" in methods)
+                    if wanted and not (kind == "streaming" and os.path.isdir(os.path.join(backing, "mds"))):
                         conversions[kind] = convert(kind, n, mnt, backing)
-            if "streaming" in methods:
+            if "streaming" in methods or "stager-mds" in methods:
                 conversions.setdefault("streaming", out.get("mds_s", 0.0))
                 out["mds_s"] = conversions["streaming"]
+                conversions["stager-mds"] = conversions["streaming"]
             results = {m: [] for m in methods}
             # A fresh mount: the emulator's name cache holds nothing of the conversions.
             with SlowFS(backing, mnt, open_ms=args.open_ms, mbps=0) as mounted:

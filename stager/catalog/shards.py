@@ -17,12 +17,13 @@ import numpy as np
 from .table import Catalog, container_format
 from ..errors import CatalogError
 from ..formats.hdf5 import index_hdf5
-from ..formats.shards import HDF5, TAR, ShardDecoder, ShardLayout
+from ..formats.shards import HDF5, MDS, TAR, ShardDecoder, ShardLayout
 from ..formats.tar import check_parts, index_tar
 from ..sources import open_source, parallel
+from ..sources.listing import Listing
 
-FORMATS = ("auto", "files", TAR, HDF5)
-EXTENSIONS = {TAR: [".tar"], HDF5: [".h5", ".hdf5"]}
+FORMATS = ("auto", "files", TAR, HDF5, MDS)
+EXTENSIONS = {TAR: [".tar"], HDF5: [".h5", ".hdf5"], MDS: [".mds"]}
 _INDEX_THREADS = 16  # containers indexed at once: each costs a few round trips to the source
 
 
@@ -118,6 +119,8 @@ def load_catalog(dataset):
         raise CatalogError("dataset.source is not set")
     source = open_source(dataset.source, dataset)
     chosen = getattr(dataset, "format", "files")
+    if chosen == MDS:
+        return _mds_catalog(source)
     extensions = dataset.extensions or EXTENSIONS.get(chosen, [])
     listing = source.read_manifest(dataset.manifest) if dataset.manifest else source.scan(extensions)
     files = Catalog.from_listing(source.root, listing)
@@ -175,6 +178,44 @@ def _tar_layout(files, found, wanted):
     n = len(keys)
     return ShardLayout(TAR, file_of, np.arange(n), parts, np.array(offsets, np.int64).reshape(n, len(parts)),
                        np.array(lengths, np.int64).reshape(n, len(parts)), b"".join(keys), key_offsets)
+
+
+def _mds_catalog(source):
+    """Streaming's MDS shards: the catalog from ``index.json`` alone (no shard is opened to index it).
+
+    Raises:
+        CatalogError: Without Streaming, naming what to install; an index
+            missing or not Streaming's; a shard it lists missing, or of
+            another size than it says; naming the file.
+    """
+    from ..formats.mds import INDEX, read_index, streaming_decoder
+
+    streaming_decoder()  # refused by name without the extra, before anything is read
+    where = f"{source.root.rstrip('/')}/{INDEX}"
+    try:
+        with _opened(source, INDEX) as fh:
+            shards, columns = read_index(fh.read(), where)
+    except FileNotFoundError:
+        raise CatalogError(f"dataset.format is mds but {where} does not exist: point dataset.source at the "
+                           "directory Streaming's MDSWriter wrote") from None
+    listing = source.scan(EXTENSIONS[MDS])
+    found = {path: k for k, path in enumerate(listing.paths)}
+    order = []
+    for name, nbytes, _ in shards:
+        k = found.get(name)
+        if k is None:
+            raise CatalogError(f"{where} lists {name}, which is not under {source.root}: a shard is missing")
+        if listing.sizes[k] != nbytes:
+            raise CatalogError(f"{source.root.rstrip('/')}/{name} holds {listing.sizes[k]} bytes, {where} says "
+                               f"{nbytes}: the shard was cut short or rewritten")
+        order.append(k)
+    files = Catalog.from_listing(source.root, Listing(
+        [listing.paths[k] for k in order], [listing.sizes[k] for k in order], None,
+        None if listing.mtimes is None else [listing.mtimes[k] for k in order]))
+    counts = np.array([samples for _, _, samples in shards], dtype=np.int64)
+    file_of = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
+    place = np.arange(len(file_of), dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
+    return ShardCatalog(files, ShardLayout(MDS, file_of, place, [c[0] for c in columns], columns=columns))
 
 
 @contextlib.contextmanager

@@ -27,8 +27,10 @@ class DatasetConfig:
             ``..`` and symbolic links leaving the root are refused with the
             line number.
         format: ``files`` (one sample per file), ``tar`` (WebDataset's
-            shards: a sample is the members sharing a key) or ``hdf5``
-            (containers whose datasets ``keys`` hold one sample per row);
+            shards: a sample is the members sharing a key), ``hdf5``
+            (containers whose datasets ``keys`` hold one sample per row) or
+            ``mds`` (MosaicML Streaming's shards, listed by the ``index.json``
+            beside them, decoded by Streaming's encodings: the extra ``mds``);
             ``auto`` is ``hdf5`` when ``keys`` is set, ``tar`` when every
             file is a ``.tar``, else ``files``.
         keys: For ``hdf5`` containers, the datasets whose first axis indexes samples.
@@ -71,7 +73,7 @@ class DatasetConfig:
 
     source: str = path_field("")
     manifest: Optional[str] = None
-    format: str = choice_field("auto", ("auto", "files", "tar", "hdf5"))
+    format: str = choice_field("auto", ("auto", "files", "tar", "hdf5", "mds"))
     keys: List[str] = field(default_factory=list)
     parts: List[str] = field(default_factory=list)
     loader: str = "npy"

@@ -23,7 +23,7 @@ import numpy as np
 
 from .decoder import SampleDecoder
 
-TAR, HDF5 = "tar", "hdf5"
+TAR, HDF5, MDS = "tar", "hdf5", "mds"
 _IMAGE_PARTS = ("jpg", "jpeg", "png")
 _OPEN = 32  # containers each reader keeps open: a window's worth (plan.shard_window) and more
 _SWEEP = 64  # samples between two checks for open containers the cache removed
@@ -33,18 +33,21 @@ class ShardLayout:
     """Where every sample of a sharded dataset lies in its container.
 
     Args:
-        format: ``tar``, ``hdf5``, or ``custom`` (a front end's dataset reads
-            its samples from their files itself; ``place`` is its own index).
+        format: ``tar``, ``hdf5``, ``mds``, or ``custom`` (a front end's dataset
+            reads its samples from their files itself; ``place`` is its own index).
         file_of: Per sample, its container's index (int64).
-        place: Per sample: its row (HDF5) or its place in the part arrays (tar).
+        place: Per sample: its row (HDF5), its place in its shard (MDS) or in
+            the part arrays (tar).
         parts: Tar: the parts kept, in column order; HDF5: the datasets (``dataset.keys``).
         offsets: Tar: ``(samples, parts)`` int64 data offsets in the shard.
         lengths: Tar: ``(samples, parts)`` int64 data sizes.
         keys: Tar: each sample's key, UTF-8, concatenated.
         key_offsets: Tar: where each key starts in ``keys``, plus the end.
+        columns: MDS: ``[(name, encoding, fixed size or None)]`` (``formats.mds``).
     """
 
-    def __init__(self, format, file_of, place, parts, offsets=None, lengths=None, keys=b"", key_offsets=None):
+    def __init__(self, format, file_of, place, parts, offsets=None, lengths=None, keys=b"", key_offsets=None,
+                 columns=None):
         self.format = format
         self.file_of = np.asarray(file_of, dtype=np.int64)
         self.place = np.asarray(place, dtype=np.int64)
@@ -53,6 +56,7 @@ class ShardLayout:
         self.lengths = None if lengths is None else np.asarray(lengths, dtype=np.int64)
         self.keys = bytes(keys)
         self.key_offsets = None if key_offsets is None else np.asarray(key_offsets, dtype=np.int64)
+        self.columns = None if columns is None else [tuple(c) for c in columns]
 
     def __len__(self):
         return len(self.file_of)
@@ -71,7 +75,8 @@ class ShardLayout:
         return (isinstance(other, ShardLayout) and self.format == other.format and self.parts == other.parts
                 and np.array_equal(self.file_of, other.file_of) and np.array_equal(self.place, other.place)
                 and self.keys == other.keys and _same(self.offsets, other.offsets)
-                and _same(self.lengths, other.lengths) and _same(self.key_offsets, other.key_offsets))
+                and _same(self.lengths, other.lengths) and _same(self.key_offsets, other.key_offsets)
+                and self.columns == other.columns)
 
 
 def _same(a, b):
@@ -91,6 +96,8 @@ class ShardReader:
         self._pid = os.getpid()
         self._reads = 0
         self._inherited = []
+        self._counts = None  # MDS: samples per shard, as the index says
+        self._decode = None  # MDS: Streaming's mds_decode
 
     def read(self, path, index):
         """Sample ``index`` (a dict of its parts, undecoded) from its container at ``path``."""
@@ -98,7 +105,9 @@ class ShardReader:
         self._reads += 1
         if self._reads % _SWEEP == 0:
             self._sweep()
-        handle = self._handle(path)
+        handle = self._handle(path, index)
+        if layout.format == MDS:
+            return self._mds_sample(path, handle, int(layout.place[index]))
         if layout.format == HDF5:
             row = int(layout.place[index])
             return {key: ds[row] for key, ds in zip(layout.parts, handle[1])}
@@ -112,7 +121,38 @@ class ShardReader:
             sample[part] = data
         return sample
 
-    def _handle(self, path):
+    def _mds_sample(self, path, handle, row):
+        from .mds import decode_sample, streaming_decoder  # deferred: Streaming only for MDS shards
+
+        if self._decode is None:
+            self._decode = streaming_decoder()
+        fd, offsets = handle
+        begin, end = int(offsets[row]), int(offsets[row + 1])
+        data = os.pread(fd, end - begin, begin)
+        if len(data) != end - begin:
+            raise OSError(f"{path}: sample {row}: {len(data)} of {end - begin} bytes at offset {begin}: the shard "
+                          "is shorter than its header says")
+        return decode_sample(data, self.layout.columns, self._decode, f"{path}: sample {row}")
+
+    def _mds_open(self, path, index):
+        """A shard's descriptor and offsets, its sample count checked against the index's."""
+        from .mds import shard_offsets
+
+        if self._counts is None:
+            self._counts = np.bincount(self.layout.file_of)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            offsets = shard_offsets(lambda size, at: os.pread(fd, size, at), path)
+            expected = int(self._counts[self.layout.file_of[index]])
+            if len(offsets) - 1 != expected:
+                raise OSError(f"{path}: the shard's header lists {len(offsets) - 1} samples, the index "
+                              f"{expected}: it is not the shard the index describes")
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd, offsets
+
+    def _handle(self, path, index):
         if self._pid != os.getpid():
             # Inherited by a forked process: those descriptors and HDF5 handles are the parent's (or were
             # closed with the rest of its descriptors, and their numbers may name other files here). They
@@ -131,6 +171,8 @@ class ShardReader:
 
             fh = h5py.File(path, "r")
             handle = (fh, [fh[key] for key in self.layout.parts])
+        elif self.layout.format == MDS:
+            handle = self._mds_open(path, index)
         else:
             handle = os.open(path, os.O_RDONLY)
         self._open[path] = (inode, handle)
@@ -153,6 +195,8 @@ class ShardReader:
     def _close(handle):
         if isinstance(handle, int):
             os.close(handle)
+        elif isinstance(handle[0], int):  # an MDS shard's descriptor and offsets
+            os.close(handle[0])
         else:
             handle[0].close()
 

@@ -77,10 +77,12 @@ class Startup:
         if own_dir:
             self._jobdir = JobDir(self._staging, self.catalog.root, agreed_job_id(self._staging, world), world)
             self._jobdirs.append(self._jobdir)
-        # The probe reads the plan's first files; into the job's directory, where the prefetchers find them.
-        # (Not yet containers: a shard's samples are probed, spread, in a directory of the probe's own.)
+        # The probe reads the plan's first files (or containers); into the job's directory, where the
+        # prefetchers find them. (Not yet containers with peers: a container another node owns is probed,
+        # spread, in a directory of the probe's own.)
         first = None
-        if (auto_prefetch or auto_read) and hasattr(spec, "minibatches") and self.catalog.containers is None:
+        alone = self.catalog.containers is None or self._staging.peers == "off"
+        if (auto_prefetch or auto_read) and hasattr(spec, "minibatches") and alone:
             first = first_files(self.catalog, spec.minibatches(world.rank))
         self._staging, self._reader, self._auto, in_flight = autocounts.resolve(
             self._staging, self._reader, self._dataset, getattr(spec, "batch_size", self._plan_cfg.batch_size),
