@@ -166,18 +166,14 @@ def test_the_chainer_front_end_keeps_n_processes_and_resolves_the_rest(slow_sour
         it.finalize()
 
 
-def test_epoch_one_under_the_defaults_opens_each_file_once_probe_included(tmp_path):
-    """Nothing set but the local directory: the probe reads the plan's first files into the staging directory,
-    the prefetchers find them there, and each file of the dataset is opened on the source once in two epochs
-    (counted by inotify on the emulator's backing tree); every sample arrives once an epoch, in plan order,
-    with the source's bytes."""
+def _run_counting_opens(data, tmp_path, **sections):
+    """A run on the defaults of ``data`` behind the emulator: its config, batches, counts timeline, catalog, and
+    the opens of the source's files (inotify on the backing tree; the manifest left out)."""
     from helpers.opens import Opens
 
-    data = tmp_path / "data"
-    make_dataset(str(data), 160, nbytes=8192, classes=4, seed=2, progress=False)
     (tmp_path / "mnt").mkdir()
     with SlowFS(str(data), str(tmp_path / "mnt"), open_ms=5.0) as mnt:
-        cfg = _config(mnt, tmp_path / "local")
+        cfg = _config(mnt, tmp_path / "local", **sections)
         with Opens(data) as opens:
             with Pipeline(cfg) as pipe:
                 batches = [(b.epoch, b.step, b.indices.tolist(), b.samples) for b in pipe]
@@ -185,6 +181,17 @@ def test_epoch_one_under_the_defaults_opens_each_file_once_probe_included(tmp_pa
                 catalog = pipe.catalog
             counts = opens.count()
     counts.pop("manifest.tsv", None)
+    return cfg, batches, timeline, catalog, counts
+
+
+def test_epoch_one_under_the_defaults_opens_each_file_once_probe_included(tmp_path):
+    """Nothing set but the local directory: the probe reads the plan's first files into the staging directory,
+    the prefetchers find them there, and each file of the dataset is opened on the source once in two epochs
+    (counted by inotify on the emulator's backing tree); every sample arrives once an epoch, in plan order,
+    with the source's bytes."""
+    data = tmp_path / "data"
+    make_dataset(str(data), 160, nbytes=8192, classes=4, seed=2, progress=False)
+    cfg, batches, timeline, catalog, counts = _run_counting_opens(data, tmp_path)
     assert dict(counts) == {catalog.path(i): 1 for i in range(len(catalog))}
     expected = [(m.epoch, m.step, m.indices.tolist()) for m in plan.iterate(len(catalog), cfg.plan)]
     assert [b[:3] for b in batches] == expected
@@ -203,7 +210,6 @@ def test_epoch_one_under_the_defaults_stages_each_tar_shard_once_probe_included(
     staged) and every sample's parts are the shard's."""
     import tarfile
 
-    from helpers.opens import Opens
     from stager.job.packing import make_shards
 
     data = tmp_path / "data"
@@ -213,17 +219,9 @@ def test_epoch_one_under_the_defaults_stages_each_tar_shard_once_probe_included(
         if name.endswith(".tar"):
             with tarfile.open(data / name) as tar:
                 members.update({m.name: tar.extractfile(m).read() for m in tar.getmembers()})
-    (tmp_path / "mnt").mkdir()
-    with SlowFS(str(data), str(tmp_path / "mnt"), open_ms=5.0) as mnt:
-        cfg = _config(mnt, tmp_path / "local", dataset={"format": "tar", "loader": "raw"},
-                      plan={"shuffle_algorithm": "shards", "shard_window": 2})
-        with Opens(data) as opens:
-            with Pipeline(cfg) as pipe:
-                batches = [(b.epoch, b.step, b.indices.tolist(), b.samples) for b in pipe]
-                timeline = pipe.counts_timeline()
-                catalog = pipe.catalog
-            counts = opens.count()
-    counts.pop("manifest.tsv", None)
+    cfg, batches, timeline, catalog, counts = _run_counting_opens(
+        data, tmp_path, dataset={"format": "tar", "loader": "raw"},
+        plan={"shuffle_algorithm": "shards", "shard_window": 2})
     assert dict(counts) == {p: 2 for p in catalog.files.paths()}
     spec = plan.PlanSpec.from_config(len(catalog), cfg.plan, 1, containers=catalog.containers)
     assert [b[:3] for b in batches] == [(m.epoch, m.step, m.indices.tolist()) for m in spec.minibatches(0)]

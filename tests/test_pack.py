@@ -17,6 +17,17 @@ from stager.errors import ConfigError
 from stager.job.packing import pack
 
 
+def assert_webdataset_reads_back(out, root, files):
+    """webdataset's reading of the tar shards under ``out``: ``files``' samples in order, bytes and labels equal."""
+    got = list(webdataset.WebDataset(sorted(glob.glob(str(out / "*.tar"))), shardshuffle=False))
+    assert len(got) == len(files)
+    for i, sample in enumerate(got):
+        assert sample["__key__"] == files.path(i).rsplit(".", 1)[0]
+        with open(os.path.join(root, files.path(i)), "rb") as fh:
+            assert sample["npy"] == fh.read()
+        assert int(sample["cls"]) == files.label(i)
+
+
 def _pack(root, out, *args):
     return subprocess.run([sys.executable, "-m", "stager", "pack", root, str(out), "--manifest", "manifest.tsv",
                            "--quiet", *args], capture_output=True, text=True, timeout=300)
@@ -32,13 +43,7 @@ def test_two_processes_write_the_containers_one_writes_and_webdataset_reads_the_
     assert names == sorted(os.listdir(tmp_path / "tar2")) == ["manifest.tsv"] + [f"shard-{k:06d}.tar" for k in range(4)]
     for name in names:
         assert (tmp_path / "tar1" / name).read_bytes() == (tmp_path / "tar2" / name).read_bytes(), name
-    got = list(webdataset.WebDataset(sorted(glob.glob(str(tmp_path / "tar2" / "*.tar"))), shardshuffle=False))
-    assert len(got) == len(files)
-    for i, sample in enumerate(got):
-        assert sample["__key__"] == files.path(i).rsplit(".", 1)[0]
-        with open(os.path.join(root, files.path(i)), "rb") as fh:
-            assert sample["npy"] == fh.read()
-        assert int(sample["cls"]) == files.label(i)
+    assert_webdataset_reads_back(tmp_path / "tar2", root, files)
 
 
 def test_hdf5_containers_from_several_processes_hold_every_row_in_order(dataset, tmp_path):

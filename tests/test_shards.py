@@ -22,6 +22,7 @@ from stager.model.misses import step_misses
 from stager.plan.shuffles import ShardShuffle
 
 from test_cache import belady_misses
+from test_pack import assert_webdataset_reads_back
 from test_s3 import s3_config, store  # noqa: F401  (the moto server fixture)
 
 SAMPLES, PER_SHARD = 240, 24
@@ -309,13 +310,7 @@ def test_pack_writes_shards_webdataset_and_h5py_read_back(dataset, tmp_path):
     files = Catalog.from_manifest(root, "manifest.tsv")
     with open(out / "manifest.tsv") as fh:
         assert [line.strip() for line in fh] == [f"shard-{k:06d}.tar" for k in range(4)]
-    got = list(webdataset.WebDataset(sorted(glob.glob(str(out / "*.tar"))), shardshuffle=False))
-    assert len(got) == len(files)
-    for i, sample in enumerate(got):
-        assert sample["__key__"] == files.path(i).rsplit(".", 1)[0]
-        with open(os.path.join(root, files.path(i)), "rb") as fh:
-            assert sample["npy"] == fh.read()
-        assert int(sample["cls"]) == files.label(i)
+    assert_webdataset_reads_back(out, root, files)
     h5 = tmp_path / "h5"
     done = subprocess.run([sys.executable, "-m", "stager", "pack", root, str(h5), "--format", "hdf5",
                            "--per-shard", "64", "--manifest", "manifest.tsv", "--quiet"], capture_output=True,

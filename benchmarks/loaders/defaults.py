@@ -31,7 +31,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.join(REPO, "tests"))
 
-from torch_dropin import cpu_of, emulated_jpeg_folder, one_run_arguments  # noqa: E402  (the drop-in benchmark's)
+from torch_dropin import cpu_of, emulated_jpeg_folder, one_run_arguments, timed_epochs  # noqa: E402  (the drop-in benchmark's)
 
 BATCH = 32
 
@@ -42,7 +42,7 @@ def one(args):
     from torch.utils.data import DataLoader
 
     from iterators.pytorch import StagedLoader
-    from stager.bench.cpu import CpuMeter, descendants
+    from stager.bench.cpu import CpuMeter
     from torchvision import transforms as T
     from torchvision.datasets import ImageFolder  # noqa: E402  (after iterators.pytorch)
 
@@ -57,17 +57,8 @@ def one(args):
         loader = DataLoader(train, batch_size=BATCH, shuffle=True, num_workers=args.n, persistent_workers=True)
     else:
         loader = StagedLoader(train, batch_size=BATCH, shuffle=True, num_workers=args.n, config=config)
-    epochs, processes, first = [], 0, None
     with CpuMeter() as meter:
-        for _ in range(args.epochs):
-            begin, samples = time.perf_counter(), 0
-            for _, labels in loader:
-                if first is None:
-                    first = time.perf_counter() - begin
-                samples += len(labels)
-                processes = max(processes, len(descendants(os.getpid())))
-            epochs.append(time.perf_counter() - begin)
-            assert samples == len(train), (samples, len(train))
+        epochs, first, processes = timed_epochs(loader, args.epochs, len(train))
         timeline = loader.report().get("counts_timeline", []) if hasattr(loader, "report") else []
         if hasattr(loader, "close"):
             loader.close()

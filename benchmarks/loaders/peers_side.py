@@ -52,7 +52,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.join(REPO, "tests"))
 
-from torch_dropin import BATCH, cpu_of, one_run_arguments, transforms  # noqa: E402  (the drop-in benchmark's)
+from torch_dropin import BATCH, cpu_of, one_run_arguments, timed_epochs, transforms  # noqa: E402  (the drop-in benchmark's)
 
 METHODS = ("dataloader", "stager", "stager-tar", "streaming", "stager-mds", "litdata")
 
@@ -128,44 +128,35 @@ def _loader(args):
 
 
 def _bytes_under(path):
-    total = 0
-    for dirpath, _, names in os.walk(path):
-        for name in names:
-            try:
-                total += os.lstat(os.path.join(dirpath, name)).st_size
-            except FileNotFoundError:
-                pass  # removed while walking (an evicted copy)
-    return total
+    """Bytes under ``path`` (``du``: copies may be evicted while it counts)."""
+    done = subprocess.run(["du", "-sb", path], capture_output=True, text=True)
+    return int(done.stdout.split()[0]) if done.stdout else 0
 
 
 def one(args):
     """One method in this process: epochs, first batch, CPU per kind, processes, local bytes, mixing; JSON."""
     import torch
 
-    from stager.bench.cpu import CpuMeter, descendants
+    from stager.bench.cpu import CpuMeter
 
     torch.manual_seed(0)
     loader = _loader(args)
-    epochs, processes, first, peak, classes, expected = [], 0, None, 0, [], None
+    peak, classes = [0], []
+
+    def batch(epoch, labels):
+        if epoch == 0:
+            classes.append(len(set(labels.tolist())))
+
+    def epoch_done(_):
+        peak[0] = max(peak[0], _bytes_under(args.local))
+
     with CpuMeter() as meter:
-        for epoch in range(args.epochs):
-            begin, samples = time.perf_counter(), 0
-            for _, labels in loader:
-                if first is None:
-                    first = time.perf_counter() - begin
-                samples += len(labels)
-                if epoch == 0:
-                    classes.append(len(set(labels.tolist())))
-                processes = max(processes, len(descendants(os.getpid())))
-            epochs.append(time.perf_counter() - begin)
-            peak = max(peak, _bytes_under(args.local))
-            expected = expected or samples
-            assert samples == expected, (epoch, samples, expected)
+        epochs, first, processes = timed_epochs(loader, args.epochs, len(loader.dataset), batch, epoch_done)
         if hasattr(loader, "close"):
             loader.close()
         del loader
-    print(json.dumps({"epochs": epochs, "samples": expected, "first_batch_s": first, "cpu": meter.seconds(),
-                      "processes": processes, "local_peak_bytes": peak,
+    print(json.dumps({"epochs": epochs, "first_batch_s": first, "cpu": meter.seconds(),
+                      "processes": processes, "local_peak_bytes": peak[0],
                       "classes_per_batch": statistics.mean(classes)}))
 
 

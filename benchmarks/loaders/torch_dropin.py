@@ -82,6 +82,32 @@ def one(args):
     print(json.dumps({"epochs": epochs, "cpu": meter.seconds()}))
 
 
+def timed_epochs(loader, epochs, expected, on_batch=None, on_epoch=None):
+    """Times ``epochs`` passes over ``loader``, each of ``expected`` samples.
+
+    ``on_batch(epoch, labels)`` is called for each batch, ``on_epoch(epoch)``
+    after each epoch. Returns each epoch's seconds, the first batch's, and
+    the most loading processes seen below this one.
+    """
+    from stager.bench.cpu import descendants
+
+    times, first, processes = [], None, 0
+    for epoch in range(epochs):
+        begin, samples = time.perf_counter(), 0
+        for _, labels in loader:
+            if first is None:
+                first = time.perf_counter() - begin
+            samples += len(labels)
+            processes = max(processes, len(descendants(os.getpid())))
+            if on_batch:
+                on_batch(epoch, labels)
+        times.append(time.perf_counter() - begin)
+        if on_epoch:
+            on_epoch(epoch)
+        assert samples == expected, (epoch, samples, expected)
+    return times, first, processes
+
+
 def decode_seconds(data, count=64):
     """CPU seconds per sample of the transforms on local files: decode, crop, flip, to tensor, normalise."""
     tf = transforms()
