@@ -33,7 +33,7 @@ node's pool is resized by the engine's own tuner, fed in simulated time.
 import simpy
 
 from .log import Log
-from .resources import Cores, Pool, SharedFS, chunks, hold
+from .resources import Cores, Pool, SharedFS, hold, split_chunks
 from ..engine.node.dispatch import AUTO_TASKS
 from ..engine.tuning.deepening import Deepening
 
@@ -140,13 +140,13 @@ class Job:
             if gate is not None:
                 yield gate
             # As the engine splits them: an auto pool's tasks are finer (it may grow before they are taken).
-            chunks = chunks(d.source_files[s], d.source_bytes[s],
+            chunks = split_chunks(d.source_files[s], d.source_bytes[s],
                              pool.size if tuner is None else max(pool.size, AUTO_TASKS))
             if tuner is not None:
                 tuner.asked(int(d.source_files[s]), env.now)
             jobs = [env.process(self._fetch(node, pool, link, f, b, tuner)) for f, b in chunks]
             jobs += [env.process(self._peer(node, peer_threads, f, b))
-                     for f, b in chunks(d.peer_files[s], d.peer_bytes[s], self.prefetchers)]
+                     for f, b in split_chunks(d.peer_files[s], d.peer_bytes[s], self.prefetchers)]
             if jobs:
                 env.process(self._when_all(jobs, ready[s], deep, pool))
             else:
@@ -180,7 +180,7 @@ class Job:
         threads = Pool(env, self.prefetchers)
         # In aggregate: each prefetcher's share in a few chunks, not file by file.
         jobs = [env.process(self._fetch(node, threads, link, f, b))
-                for f, b in chunks(files, nbytes, 8 * self.prefetchers)]
+                for f, b in split_chunks(files, nbytes, 8 * self.prefetchers)]
         yield env.all_of(jobs)
         for event in ready:
             event.succeed()

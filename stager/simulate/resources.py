@@ -90,7 +90,7 @@ class SharedFS:
         self.log.source(env.now, files, nbytes)
 
 
-def chunks(files, nbytes, ways):
+def split_chunks(files, nbytes, ways):
     """``files`` files of ``nbytes`` split into at most ``ways`` chunks: ``(files, bytes)`` each."""
     files, nbytes = int(files), int(nbytes)
     if files <= 0:
