@@ -51,6 +51,40 @@ def test_a_holder_keeps_a_file_until_the_next_reader_fetched_it():
     assert math.isinf(rule.next_use(np.array([0]))[0])
 
 
+def test_a_node_that_reads_a_file_again_keeps_it_for_a_node_behind_that_reads_it_in_between():
+    """File 0: node 1 at step 0, node 2 at step 3, node 1 at step 5 (ROWS). Node 1 ahead of node 2 reads it
+    at step 5 from its own copy: that copy stays, read or not, until node 2 has fetched it for step 3 (it
+    went once node 1's ranks had read step 5, and node 2 read the source: 1 file in 2,048, in 1 run of 9)."""
+    rule = LatestReaders(*reads(ROWS), me=1, count=2)
+    rule.advance(6)
+    assert rule.owed(np.array([0])).tolist() == [3]
+    assert rule.next_use(np.array([0])).tolist() == [0]  # not "never again": node 2 still needs it
+    cache = Cache(np.ones(2, dtype=np.int64), "clairvoyant", capacity=2)
+    cache.holders = rule
+    cache.state[0], cache.pins[0], cache.staged_bytes = STAGED, 1, 1
+    assert cache.release(np.array([0])) == []  # node 1's ranks read it at step 5: it stays
+    rule.served(0, 3)
+    assert rule.owed(np.array([0])).tolist() == [-1]
+    assert math.isinf(rule.next_use(np.array([0]))[0])
+
+
+def test_a_node_short_of_room_waits_for_the_fetches_of_what_it_keeps_for_nodes_behind():
+    """Node 1 ahead: it keeps file 0 for node 2's step 3. With room for one file and a new one to fetch for
+    step 4, it waits for node 2's fetch (nothing to drop yet) rather than drop a file the job reads again;
+    without the wait (or for a step where node 2's fetch may itself wait on this node), it drops it."""
+    rule = LatestReaders(*reads(ROWS), me=1, count=3)
+    rule.advance(4)
+    cache = Cache(np.ones(3, dtype=np.int64), "clairvoyant", capacity=1)
+    cache.holders = rule
+    cache.state[0], cache.staged_bytes = STAGED, 1
+    assert rule.kept(np.array([0])).tolist() == [True]
+    assert cache.room_for(1, owed_before=4) is None and cache.waiting_for_peers
+    assert cache.room_for(1, owed_before=3) == [0] and not cache.waiting_for_peers
+    assert cache.room_for(1) == [0] and not cache.waiting_for_peers
+    rule.served(0, 3)  # node 2 fetched it: a copy now, the first to go
+    assert cache.room_for(1, owed_before=4) == [0] and not cache.waiting_for_peers
+
+
 def test_a_holder_behind_the_node_it_handed_a_file_to_holds_it_no_more():
     """Node 1 read file 0 at step 0; node 2, which reads it at 3, fetched it from node 1 while node 1's own
     ranks were still at step 1. From then on node 2 holds it: node 1's copy is a copy, the first to go."""

@@ -64,6 +64,7 @@ class Cache:
         self.policy = make_policy(policy)
         self.holders = None
         self._spill = False  # while making room, whether it is the kept files' turn
+        self.waiting_for_peers = False  # the latest ``room_for`` waits for other nodes' fetches
         self._tick = 0
 
     @property
@@ -126,18 +127,34 @@ class Cache:
             self.holders.asked(indices, seq)
         return indices[self.state[indices] == ABSENT], indices[self.state[indices] != STAGED]
 
-    def room_for(self, nbytes):
+    def room_for(self, nbytes, owed_before=None):
         """Makes room for ``nbytes`` more, with the policy's help.
+
+        Args:
+            nbytes: Bytes to make room for.
+            owed_before: With peers, a step: where only files held for the
+                job could still go, and the copies this node keeps until
+                other nodes fetch them for their steps before this one would
+                make the room, wait for those fetches (None is returned and
+                ``waiting_for_peers`` is set) rather than drop a file the job
+                would read again from the source. None: drop them.
 
         Returns:
             The files to remove first (the caller deletes them and calls
             ``removed``), or None when not enough unpinned files can go yet.
         """
+        self.waiting_for_peers = False
         if self.capacity is None or self.used + nbytes <= self.capacity:
             return []
         need = self.used + nbytes - self.capacity
         victims = list(self.policy.victims(self, need))
         freed = int(self.sizes[victims].sum()) if victims else 0
+        if freed < need and self.holders is not None and owed_before is not None:
+            free = np.flatnonzero((self.state == STAGED) & (self.pins == 0))
+            owed = self.holders.owed(free)
+            if int(self.sizes[free[(owed >= 0) & (owed < owed_before)]].sum()) >= need - freed:
+                self.waiting_for_peers = True
+                return None
         if freed < need and self.holders is not None:
             # Every copy not held for the job goes first, whatever its own next use: losing one
             # costs a transfer from its holder, losing a kept file a read of the source.

@@ -31,6 +31,9 @@ from ...cache import ABSENT, CacheFull, human
 from ...telemetry import NO_SPACE, PRESENT
 
 _NO_SPACE_TRIES = 3  # fetches of one file that may meet a full disk before the job fails
+# With peers, a request short of room waits this long at most for other nodes to fetch the copies kept
+# for them (``Cache.room_for``'s ``owed_before``); then it drops files the job reads again.
+ROOM_WAIT_S = 10.0
 
 
 class ServiceLoop:
@@ -61,6 +64,7 @@ class ServiceLoop:
         self.peak = 0
         self.failed = None       # the Failure sent to clients, once staging failed
         self.next_stall_check = 0.0
+        self.room_wait = None    # until when the head request waits for other nodes' fetches (monotonic)
 
     def run(self):
         s = self.s
@@ -85,6 +89,8 @@ class ServiceLoop:
                 else:
                     self.on_client(obj)
             self.check_stalls()
+            if self.room_wait is not None:
+                self.admit()  # a fetch from here since, or the wait is over: then room is made as without peers
             if s.resizer is not None and self.failed is None and s.resizer.resize():
                 self.dispatch.feed()
 
@@ -180,8 +186,9 @@ class ServiceLoop:
         while self.admitting and self.failed is None:
             request = self.admitting[0]
             missing = request.missing[cache.state[request.missing] == ABSENT]  # an earlier one may fetch some
+            patient = self.s.peers is not None and (self.room_wait is None or time.monotonic() < self.room_wait)
             try:
-                victims = cache.room_for(int(cache.sizes[missing].sum()))
+                victims = cache.room_for(int(cache.sizes[missing].sum()), request.seq if patient else None)
             except CacheFull as exc:
                 self.fail(Failure("prefetch", "service", request.epoch, request.step, cause="CacheFull",
                                   message=str(exc)))
@@ -191,12 +198,19 @@ class ServiceLoop:
                 if read is not None:
                     self.unpin([read])
                     continue
+                if cache.waiting_for_peers:
+                    if self.room_wait is None:
+                        self.room_wait = time.monotonic() + ROOM_WAIT_S
+                    self.s.peers.wake_on_served = True  # each fetch from here may make the room
+                    return
                 if len(self.requests) == len(self.admitting) and not cache.in_flight_bytes:
                     self.fail(Failure("prefetch", "service", request.epoch, request.step, cause="CacheFull",
                                       message=f"staging.capacity {human(cache.capacity)} cannot hold minibatch "
                                               f"{request.step} of epoch {request.epoch} beside the files pinned "
                                               f"for reading ({human(cache.used)} used)"))
                 return  # a Release will make room
+            if self.room_wait is not None:
+                self.room_wait, self.s.peers.wake_on_served = None, False
             offers = swaps.offered(victims, cache, self.catalog, self.s.local_dir) if self.s.peers else {}
             self.remove(victims, offers)
             self.admitting.popleft()
@@ -249,9 +263,10 @@ class ServiceLoop:
     # Prefetchers ----------------------------------------------------------
 
     def on_reply(self, msg):
-        if isinstance(msg, Given):  # other nodes gave this one files (the peer server keeps them for here)
+        if isinstance(msg, Given):  # other nodes gave files, or fetched what this one kept for them
             for adopt in self.s.peers.take_given():
                 swaps.adopt(self, adopt)
+            self.admit()
             return
         if isinstance(msg, Failure):
             if self.failed is None:

@@ -182,13 +182,23 @@ class LatestReaders(_Position):
         """
         last, owed = self._held(indices)
         given = self.given_until[np.asarray(indices, dtype=np.int64)]
-        return last | owed | ((given >= 0) & (given > self.now - HANDOFF_STEPS))
+        return last | (owed >= 0) | ((given >= 0) & (given > self.now - HANDOFF_STEPS))
+
+    def owed(self, indices):
+        """Per file, the step of the node this one keeps it for until that node fetches it from here (-1: none).
+
+        Such a copy frees its room when that node's fetch comes, whatever this
+        node does meanwhile: a node ahead of the others waits for that rather
+        than drop it (the file would be read again from the source).
+        """
+        return self._held(indices)[1]
 
     def _held(self, indices):
-        """Per file: this node read it last; another node read it since and has not fetched it from here yet."""
+        """Per file: whether this node read it last; and the step of a node that read it since and has not
+        fetched it from here yet (-1: none)."""
         indices = np.asarray(indices, dtype=np.int64)
         pos = np.searchsorted(self.keys, (indices << _STEP_BITS) | (self.now + 1)) - 1  # the latest read so far
-        out = np.zeros(len(indices), dtype=bool)
+        out = np.full(len(indices), -1, dtype=np.int64)
         valid = pos >= 0
         valid[valid] &= (self.keys[pos[valid]] >> _STEP_BITS) == indices[valid]
         last = np.zeros(len(indices), dtype=bool)
@@ -197,6 +207,15 @@ class LatestReaders(_Position):
         on = np.zeros(len(indices), dtype=bool)
         on[last] = self.handed[indices[last]] > (self.keys[pos[last]] & ((1 << _STEP_BITS) - 1))
         last &= ~on
+        # Read here last, and before that by a node that asks this one (its read came between two of this
+        # node's): that node may be behind, and has it from here only once it fetched it.
+        between = last & (pos >= 2)
+        between[between] &= ((self.keys[pos[between] - 1] >> _STEP_BITS) == indices[between]) & \
+            (self.nodes[pos[between] - 1] != self.me)
+        between[between] &= ((self.keys[pos[between] - 2] >> _STEP_BITS) == indices[between]) & \
+            (self.nodes[pos[between] - 2] == self.me)
+        step = self.keys[pos[between] - 1] & ((1 << _STEP_BITS) - 1)
+        out[between] = np.where((self.handed[indices[between]] < step) & (step > self.now - HANDOFF_STEPS), step, -1)
         open_ = valid & ~last & ~on  # someone read it after this node: has the first of them fetched it from here?
         for back in range(1, _HANDOFF_READS + 1):
             look = open_ & (pos - back >= 0)
@@ -205,7 +224,7 @@ class LatestReaders(_Position):
             mine = look.copy()
             mine[look] = self.nodes[pos[look] - back] == self.me
             step = self.keys[pos[mine] - back + 1] & ((1 << _STEP_BITS) - 1)
-            out[mine] = (self.handed[indices[mine]] < step) & (step > self.now - HANDOFF_STEPS)
+            out[mine] = np.where((self.handed[indices[mine]] < step) & (step > self.now - HANDOFF_STEPS), step, -1)
             open_ &= ~mine
         return last, out
 
@@ -219,7 +238,7 @@ class LatestReaders(_Position):
         hit = (found >> _STEP_BITS) == indices[inside]
         where = np.flatnonzero(inside)[hit]
         out[where] = (found[hit] & ((1 << _STEP_BITS) - 1)) - self.now
-        out[self._held(indices)[1]] = 0  # a node behind this one's requests still has to fetch it from here
+        out[self._held(indices)[1] >= 0] = 0  # a node behind this one's requests still has to fetch it from here
         return out
 
     def to_come(self, index, cache, seq):
@@ -285,6 +304,9 @@ class FirstReaders(_Position):
 
     def kept(self, indices):
         return self.owners[indices] == self.me
+
+    def owed(self, indices):
+        return np.full(len(indices), -1, dtype=np.int64)  # an owner keeps its files for the whole job
 
     def next_use(self, indices):
         return None

@@ -44,13 +44,15 @@ class Peers:
         self.choice = choice
         self.model = RateModel()
         self.cache = None
-        self.server = PeerServer(comm, root, telemetry, TIMEOUT_S, self._to_come, holders.served,
+        self.server = PeerServer(comm, root, telemetry, TIMEOUT_S, self._to_come, self._served,
                                  lambda: holders.low, self._moved, self._offered)
         self.fetcher = PeerFetcher(comm, source, root, threads, wait_s or TIMEOUT_S)
         self.fetcher_sizes = collections.deque(maxlen=SIZES_KEPT)
         self.given = collections.deque()  # Adopts from the server thread, for the service thread
         self._woken = False               # a Given is on its way to the service
         self._closing = False
+        # Set by the service while a request waits for room that other nodes' fetches from here make.
+        self.wake_on_served = False
 
     @property
     def conn(self):
@@ -75,13 +77,22 @@ class Peers:
         # The server thread's: the leader this node gave a file to (-1: none); an int read is atomic.
         return int(self.holders.moved[index]) if self.holders.swaps else -1
 
+    def _served(self, index, seq):
+        # The server thread's: another leader fetched a file from here; the room it held may be awaited.
+        self.holders.served(index, seq)
+        if self.wake_on_served:
+            self._wake()
+
     def _offered(self, peer, ask, handed):
-        # The server thread's: what leader ``peer`` gave waits in ``given``; the service is woken
-        # by a message of a few bytes, at most one on its way.
+        # The server thread's: what leader ``peer`` gave waits in ``given``.
         if self._closing:  # the service is gone: so is the room it could have taken
             self.holders.served(np.asarray(handed, dtype=np.int64), ask.seq)
             return
         self.given.append(Adopt(peer, ask.epoch, ask.offers, handed, ask.seq))
+        self._wake()
+
+    def _wake(self):
+        # The service is woken by a message of a few bytes, at most one on its way.
         if not self._woken:
             self._woken = True
             try:
