@@ -85,6 +85,8 @@ def test_at_30_percent_a_node_with_auto_look_ahead_each_file_is_read_once_in_the
     check_plan_order(catalog, reads)
     assert report["reads"]["source"]["files"] == SAMPLES and report["reads"]["source_after_peer"] == 0
     assert report["reads"]["peers"]["files"] > SAMPLES  # later epochs come from the node that read each file last
+    simulated = simulate(load_config(job, [f"staging.capacity={cap}"]), load_profile(), Layout(4, 1), catalog.sizes)
+    assert simulated["methods"]["stager"]["source_files"] == SAMPLES  # the replay of the same job agrees
     depth, _ = fitting_depth(cap, int(catalog.sizes.sum()), SAMPLES, BATCH, 1, 1 / len(NODES))
     assert depth < 16 and f"staging.lookahead auto: {depth} minibatches" in proc.stderr
     assert sum(e["evictions"] for e in report["cache"]) and not sum(e["dropped"] for e in report["cache"])

@@ -10,6 +10,7 @@ def _cmd_simulate(args):
     import numpy as np
 
     from ..simulate import METHODS, Layout, load_profile, simulate
+    from ..simulate.progress import Progress
     from ..simulate.report import plot, text
 
     cfg = load_config(args.config, args.set)
@@ -30,8 +31,8 @@ def _cmd_simulate(args):
     methods = ["stager"] + [m.strip() for m in args.baseline.split(",") if m.strip()] if args.baseline else ["stager"]
     if args.baseline == "all":
         methods = list(METHODS)
-    result = simulate(cfg, profile, Layout(args.nodes, args.ranks_per_node, args.tracked), sizes, to_files,
-                      containers, methods)
+    layout = Layout(args.nodes, args.ranks_per_node, args.tracked, args.every_node)
+    result = simulate(cfg, profile, layout, sizes, to_files, containers, methods, Progress())
     print(text(result))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
@@ -99,6 +100,9 @@ def add_simulate_parser(sub):
     p.add_argument("--ranks-per-node", type=int, default=1, help="ranks on each node (default 1)")
     p.add_argument("--tracked", type=int, help="nodes whose cache is replayed file by file; the others read as "
                                                "they do (default: all; 8 to 16 suffice at scale)")
+    p.add_argument("--every-node", action="store_true",
+                   help="simulate every node in time, not only the tracked ones (each standing for the nodes that "
+                        "read as it does); slower, the same where every node is tracked")
     p.add_argument("--files", type=int, help="simulate this many files instead of the config's catalog")
     p.add_argument("--file-bytes", type=int, default=110_000, help="bytes of each of --files (default 110000)")
     p.add_argument("--baseline", metavar="M[,M...]", help="also simulate these methods: no-peers, unbounded, direct, "

@@ -36,7 +36,7 @@ from ..cache import ABSENT
 from ..engine.peers.holders import BUDGET, FirstReaders, LatestReaders
 from ..engine.peers.ownership import NO_OWNER, first_epoch_owners
 from ..model.misses import NodeReplay
-from ..plan import job_reads, read_at
+from ..plan import job_reads, read_at, steps_per_epoch
 from .gifts import GivenShare, asked_of, give
 from .held import HeldShare, OwnersHeld
 
@@ -162,7 +162,7 @@ ORDERS = ("node", "shuffled")  # how the tracked nodes' requests of one step mee
 
 
 def node_demand(sizes, spec, nodes, ranks_per_node, tracked=None, capacity=None, policy="auto", ahead=16,
-                peers=False, to_files=None, swaps=False, order="node"):
+                peers=False, to_files=None, swaps=False, order="node", progress=None):
     """Each tracked node's reads per step, from the plan and the engine's cache.
 
     Args:
@@ -179,6 +179,7 @@ def node_demand(sizes, spec, nodes, ranks_per_node, tracked=None, capacity=None,
         swaps: ``staging.peer_swaps``.
         order: ``node``: each step's requests meet in the nodes' order;
             ``shuffled``: in an order drawn per step from the plan's seed.
+        progress: A ``progress.Progress`` told of each step, or None.
 
     Returns:
         A ``Demand``.
@@ -203,7 +204,11 @@ def node_demand(sizes, spec, nodes, ranks_per_node, tracked=None, capacity=None,
     epochs = []
     streams = {n: zip(*(spec.minibatches(r) for r in range(n * ranks_per_node, (n + 1) * ranks_per_node)))
                for n in range(tracked)}
+    total = steps_per_epoch(spec.samples, spec.batch_size, spec.drop_last, spec.size, spec.remainder) * \
+        (spec.epochs - spec.start.epoch)
     for seq, step in enumerate(zip(*streams.values())):
+        if progress is not None:
+            progress.update(f"replaying {tracked:,} of {nodes:,} nodes' caches", seq, total, "step")
         epochs.append(step[0][0].epoch)
         this_step = []
         kept_given.check(seq)

@@ -23,6 +23,13 @@ node's link. A reader reads its step from local storage (one queue a node,
 at ``node.local_mbps``). Every CPU burst holds one of the node's cores (of
 the host's, for emulated nodes).
 
+Where fewer nodes are tracked than run, only the tracked ones are simulated
+in time: each stands for the nodes that read as it does (``Demand.of``),
+which ask the shared file system for the same at the same moments, so its
+reads hold the metadata queue and the aggregate bandwidth as long as all of
+theirs would together (their weight), and its waits count once per node it
+stands for. The events then grow with the tracked nodes, not the job's.
+
 The stages begin ``node.startup_s`` into the job (the processes' start;
 the first epoch counts it), except ``direct`` reading. An open's latency
 is the profile's at the simulated time it starts
@@ -30,6 +37,7 @@ is the profile's at the simulated time it starts
 node's pool is resized by the engine's own tuner, fed in simulated time.
 """
 
+import numpy as np
 import simpy
 
 from .log import Log
@@ -54,36 +62,46 @@ class Job:
             replayed in simulated time; None: fixed prefetchers.
         deepest: For ``staging.lookahead: auto``, the deepest ``ahead`` may
             grow to (``engine.tuning.deepening``); None: ``ahead`` is fixed.
+        every_node: Simulate every node in time, not only the tracked ones
+            standing for the others (the same figures where every node is
+            tracked; slower, for checking the weighted model).
     """
 
     def __init__(self, profile, demand, prefetchers, readers, ahead, read_ahead, compute_s, tuner=None,
-                 deepest=None):
+                 deepest=None, every_node=False):
         self.env = env = simpy.Environment()
         self.demand = demand
+        tracked = len(demand.tracked)
+        if every_node or tracked >= demand.nodes or profile.node.shared_host:  # one host's cores: all in time
+            self.weights = [1] * demand.nodes
+        else:
+            self.weights = np.bincount(np.arange(demand.nodes) % tracked, minlength=tracked).tolist()
+        self.nodes = nodes = len(self.weights)
         self.prefetchers, self.readers = prefetchers, readers
         self.tuner = tuner
-        self.timelines = [[(0.0, prefetchers)] for _ in range(demand.nodes)]  # (seconds, prefetchers) per node
+        self.timelines = [[(0.0, prefetchers)] for _ in range(nodes)]  # (seconds, prefetchers) per node
         self.ahead, self.read_ahead, self.compute_s = ahead, read_ahead, compute_s
         self.deepening = [Deepening(ahead, deepest, None) if deepest and deepest > ahead else None
-                          for _ in range(demand.nodes)]
-        self.depths = [[(0.0, ahead)] for _ in range(demand.nodes)]  # (seconds, look-ahead) per node
+                          for _ in range(nodes)]
+        self.depths = [[(0.0, ahead)] for _ in range(nodes)]  # (seconds, look-ahead) per node
         self.steps = len(demand.epochs)
-        self.log = Log(demand.nodes * demand.ranks_per_node, demand.epochs)
+        self.log = Log(nodes * demand.ranks_per_node, demand.epochs, np.repeat(self.weights, demand.ranks_per_node))
         self.fs = SharedFS(env, profile.filesystem, self.log)
         c = profile.costs
         self.copy_s = profile.node.copy_ms(c, demand.nodes) / 1e3
         self.read_s, self.batch_s, self.main_s = c.read_ms / 1e3, c.batch_ms / 1e3, c.main_ms / 1e3
         host = Cores(env, profile.node.cores) if profile.node.shared_host else None
-        self.cores = [host or Cores(env, profile.node.cores) for _ in range(demand.nodes)]
+        self.cores = [host or Cores(env, profile.node.cores) for _ in range(nodes)]
         self.startup_s = profile.node.startup_s
+        self.progress = None
         self.disk_byte_s = 1.0 / (profile.node.local_mbps * 1e6) if profile.node.local_mbps else 0.0
-        self.disks = [simpy.Resource(env, 1) for _ in range(demand.nodes)]
+        self.disks = [simpy.Resource(env, 1) for _ in range(nodes)]
         net = profile.network
         self.peer_s, self.peer_byte_s = net.latency_ms / 1e3, (1.0 / (net.node_mbps * 1e6) if net.node_mbps else 0.0)
         rpn = demand.ranks_per_node
-        self.consumed = [[env.event() for _ in range(self.steps)] for _ in range(demand.nodes * rpn)]
+        self.consumed = [[env.event() for _ in range(self.steps)] for _ in range(nodes * rpn)]
 
-    def run(self, mode="staged", dataset=(0, 0)):
+    def run(self, mode="staged", dataset=(0, 0), progress=None):
         """Simulates the job.
 
         Args:
@@ -91,14 +109,16 @@ class Job:
                 open the source, as ``DataLoader`` workers do) or ``stage-all``
                 (each node copies the whole dataset first, then reads locally).
             dataset: ``(files, bytes)`` of the whole dataset, for ``stage-all``.
+            progress: A ``progress.Progress`` told of the first rank's steps, or None.
 
         Returns:
             The ``Log`` of what happened.
         """
+        self.progress = progress
         rpn = self.demand.ranks_per_node
         # stager's stages start before the first request; DataLoader's workers are not modelled.
         start = self.startup_s if mode != "direct" else 0.0
-        for node in range(self.demand.nodes):
+        for node in range(self.nodes):
             link = simpy.Resource(self.env, 1)
             ready = None
             if mode != "direct":
@@ -201,7 +221,7 @@ class Job:
     def _fetch(self, node, pool, link, files, nbytes, tuner=None):
         token = yield pool.store.get()
         begin = self.env.now
-        yield self.env.process(self.fs.read(link, files, nbytes))
+        yield self.env.process(self.fs.read(link, files, nbytes, self.weights[node]))
         yield self.env.process(self._local(node, nbytes))
         yield self.env.process(self.cores[node].run(files * self.copy_s))
         yield pool.store.put(token)
@@ -231,13 +251,14 @@ class Job:
             samples = int(d.samples[s])
             nbytes = int((d.source_bytes[s] + d.peer_bytes[s] + d.local_bytes[s]) // max(1, share))  # this rank's
             if ready is None:  # reading the source directly
-                env.process(self._read(node, pool, coordinator, samples, decoded[s], (link, samples, nbytes)))
+                env.process(self._read(node, pool, coordinator, samples, decoded[s],
+                                        (link, samples, nbytes, self.weights[node])))
             else:
                 env.process(self._read(node, pool, coordinator, samples, decoded[s], nbytes=nbytes))
 
     def _read(self, node, pool, coordinator, samples, done, direct=None, nbytes=0):
         """A reader decodes one step: ``nbytes`` from local storage, or from the source when ``direct`` is
-        ``(link, files, bytes)``."""
+        ``(link, files, bytes, weight)``."""
         with pool.request() as req:
             yield req
             if direct is not None:
@@ -265,3 +286,5 @@ class Job:
                 yield env.timeout(self.compute_s)
             self.log.step(rank, s, env.now)
             self.consumed[rank][s].succeed()
+            if rank == 0 and self.progress is not None:
+                self.progress.update(f"simulating {self.nodes:,} nodes in time", s + 1, self.steps, "step")

@@ -72,22 +72,28 @@ class SharedFS:
         self.mds = simpy.Resource(env, 1)
         self.pipe = simpy.Resource(env, 1)
 
-    def read(self, link, files, nbytes):
-        """Opens and reads ``files`` files of ``nbytes`` in all, one after the other, through a node's ``link``."""
+    def read(self, link, files, nbytes, weight=1):
+        """Opens and reads ``files`` files of ``nbytes`` in all, one after the other, through a node's ``link``.
+
+        ``weight``: the nodes doing the same at once that this one stands for
+        (they queue at the metadata service and the aggregate bandwidth together).
+        """
         env = self.env
         open_s = self.fs.open_ms_at(env.now) / 1e3
         if open_s:
             yield env.timeout(files * open_s)
         if self.op_s:
-            yield env.process(hold(env, self.mds, files * self.op_s))
+            yield env.process(hold(env, self.mds, files * self.op_s * weight))
+        # Served one after the other, the nodes it stands for would have ended over its last part.
+        served = max(files * self.op_s, nbytes * self.byte_s) * (weight - 1)
         transfers = []
         if self.byte_s and nbytes:
-            transfers.append(env.process(hold(env, self.pipe, nbytes * self.byte_s)))
+            transfers.append(env.process(hold(env, self.pipe, nbytes * self.byte_s * weight)))
         if self.client_byte_s and nbytes:
             transfers.append(env.process(hold(env, link, nbytes * self.client_byte_s)))
         if transfers:
             yield env.all_of(transfers)
-        self.log.source(env.now, files, nbytes)
+        self.log.source(env.now, files * weight, nbytes * weight, env.now - served if served else None)
 
 
 def split_chunks(files, nbytes, ways):

@@ -13,7 +13,7 @@ Each method is the same plan on the same machine read another way:
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -26,6 +26,8 @@ from ..engine.perf import Rates, Tuner, choose_counts
 from ..engine.tuning.autocounts import prefetcher_limit, source_limit
 from ..errors import ConfigError
 from ..plan import PlanSpec
+from ..plan.shuffles import algorithm
+from ..plan.shuffles.remembered import Remembered
 
 METHODS = ("stager", "no-peers", "unbounded", "direct", "stage-all")
 
@@ -38,11 +40,15 @@ class Layout:
         nodes: Nodes in the job.
         ranks_per_node: Ranks on each node.
         tracked: Nodes whose cache is replayed file by file (the others read as they do); None: all.
+        every_node: Simulate every node in time; by default only the tracked
+            ones are, each standing for the nodes that read as it does
+            (``des.Job``): the same where every node is tracked.
     """
 
     nodes: int
     ranks_per_node: int = 1
     tracked: int = None
+    every_node: bool = False
 
     def __post_init__(self):
         if self.nodes < 1 or self.ranks_per_node < 1 or (self.tracked is not None and self.tracked < 1):
@@ -73,7 +79,7 @@ def capacity_bytes(staging, profile, dataset_bytes):
     return None if dataset_bytes <= 0.8 * local else int(0.8 * local)  # auto, as storage.space resolves it
 
 
-def simulate(cfg, profile, layout, sizes, to_files=None, containers=None, methods=("stager",)):
+def simulate(cfg, profile, layout, sizes, to_files=None, containers=None, methods=("stager",), progress=None):
     """Simulates ``cfg``'s job on ``profile``'s machine, once per method.
 
     Args:
@@ -84,6 +90,7 @@ def simulate(cfg, profile, layout, sizes, to_files=None, containers=None, method
         to_files: Maps samples to the files holding them, or None.
         containers: Per sample, its container (for the ``shards`` shuffle), or None.
         methods: Names from ``METHODS``.
+        progress: A ``progress.Progress`` that hears how far each method is, or None.
 
     Returns:
         A dict: the settings and, per method, per epoch and overall: time, stall,
@@ -97,6 +104,8 @@ def simulate(cfg, profile, layout, sizes, to_files=None, containers=None, method
     samples = len(sizes) if to_files is None else len(containers)
     size = layout.nodes * layout.ranks_per_node
     spec = PlanSpec.from_config(samples, cfg.plan, size, containers=containers)
+    # Every tracked rank's reads are listed several times over: each epoch's order is drawn once.
+    spec = replace(spec, shuffle_algorithm=Remembered(algorithm(spec.shuffle_algorithm, spec.shuffle)))
     if not spec.epochs:
         raise ConfigError("stager simulate needs plan.epochs above 0")
     staging, reader = cfg.staging, cfg.reader
@@ -127,12 +136,14 @@ def simulate(cfg, profile, layout, sizes, to_files=None, containers=None, method
         if key not in demands:
             demands[key] = node_demand(sizes, spec, layout.nodes, layout.ranks_per_node, layout.tracked, cap,
                                        staging.cache_policy if cap is not None else "auto", ahead, peers, to_files,
-                                       staging.peer_swaps)
+                                       staging.peer_swaps, progress=progress)
         return demands[key]
 
     peers = staging.peers == "partition"
     for method in methods:
         begin = time.process_time()
+        if progress is not None:
+            progress.start(method)
         if method == "stage-all" and capacity is not None and capacity < sizes.sum():
             out["methods"][method] = {"fits": False}
             continue
@@ -142,8 +153,8 @@ def simulate(cfg, profile, layout, sizes, to_files=None, containers=None, method
             d = demand(None, method == "unbounded" and peers)
         mode = {"direct": "direct", "stage-all": "stage-all"}.get(method, "staged")
         job = Job(profile, d, prefetchers, readers, ahead, read_ahead, compute_ms / 1e3,
-                  tuner if mode == "staged" else None, deepest if mode == "staged" else None)
-        log = job.run(mode, (len(sizes), int(sizes.sum())))
+                  tuner if mode == "staged" else None, deepest if mode == "staged" else None, layout.every_node)
+        log = job.run(mode, (len(sizes), int(sizes.sum())), progress)
         out["methods"][method] = _summary(method, d, log, layout, samples, begin)
         if mode == "staged":
             out["methods"][method]["counts_timeline"] = _timeline(job, readers)
@@ -208,7 +219,7 @@ def _summary(method, demand, log, layout, samples, begin):
     files, nbytes = log.source_reads()
     peak_opens, peak_bytes = log.peak_rates()
     seconds = sum(r["seconds"] for r in epochs)
-    waited = float(log.waits.sum(axis=1).mean())
+    waited = log.mean_wait()
     return {"seconds": seconds, "stall": waited / seconds if seconds > 0 else 0.0, "epochs": epochs,
             "source_files": files, "source_bytes": nbytes,
             "source_files_per_node": files / layout.nodes, "peak_opens_per_s": peak_opens,
