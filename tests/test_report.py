@@ -111,6 +111,17 @@ def test_advice_names_the_source_when_it_is_slow_and_the_step_when_it_is_not(run
     assert verdict.bottleneck == "prefetch", verdict
     assert source["steady_stall_fraction"] > 0.5
     assert any("staging.prefetchers: " in a for a in verdict.advice), verdict.advice
+    # A count set by hand: auto is advised first, for it grows requests in flight before processes.
+    assert "set staging.prefetchers: auto" in verdict.advice[0] and "no new processes" in verdict.advice[0]
+    assert "x 1 file(s) in flight" in verdict.reason
+    # Where auto ran and the source still set the pace, more requests are not the answer.
+    auto = json.loads(json.dumps(source))
+    auto["config"]["staging"]["prefetchers"] = "auto"
+    auto["counts_timeline"] = (auto.get("counts_timeline") or [{"t": 0.0, "prefetchers": 1, "readers": 1}])[-1:]
+    auto["counts_timeline"][0]["in_flight"] = 6
+    verdict = judge(auto)
+    assert verdict.bottleneck == "prefetch" and "x 6 file(s) in flight" in verdict.reason
+    assert "auto ended at" in verdict.advice[0] and "stager pack" in verdict.advice[0], verdict.advice
     compute = load_report(str(runs["compute"]))
     verdict = judge(compute)
     assert verdict.bottleneck == "compute", (verdict, compute["steady_stall_fraction"])

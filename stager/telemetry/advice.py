@@ -64,6 +64,12 @@ def _count(workers):
     return f"{workers}" if isinstance(workers, int) else f"{workers:g} (on average)"
 
 
+def _in_flight(report):
+    """Files each prefetcher kept in flight at the run's end (``counts_timeline``); 1 without a timeline."""
+    rows = report.get("counts_timeline") or []
+    return int(rows[-1].get("in_flight", 1)) if rows else 1
+
+
 def _fetch_pressure(report):
     """Per node with a prefetch stage: (node, workers, capacity files/s, demand files/s)."""
     out = []
@@ -118,13 +124,26 @@ def judge(report):
         bound = [(ratios[s], s) for s in ("prefetch", "read") if s in ratios and ratios[s] < 1.0]
         if bound and min(bound)[1] == "prefetch":
             need, step = _suggest(workers, demand, capacity)
+            in_flight = _in_flight(report)
             verdict = Verdict("prefetch", f"the loop waited {stall:.1%} after the first minibatch; on node {node} "
                                           f"the source delivers {capacity:,.0f} files/s with {_count(workers)} prefetchers "
-                                          f"and the loop consumes {demand:,.0f} files/s", ratios=ratios)
-            text = f"try {step} prefetchers (staging.prefetchers: {step})"
-            if step < need:
-                text += (f"; {need} would match the demand at today's rate per prefetcher, but a source's "
-                         "bandwidth caps it: grow in steps and run the report again")
+                                          f"x {in_flight} file(s) in flight and the loop consumes {demand:,.0f} files/s",
+                              ratios=ratios)
+            if _config(report, "staging", "prefetchers") == "auto":
+                # Requests in flight are what a slow source needs, and auto already grew them as far as the
+                # source's measured limit and the cores let it: more of the same will not help.
+                text = (f"staging.prefetchers: auto ended at {_count(workers)} prefetchers x {in_flight} file(s) in "
+                        "flight, as far as the source's measured limit and the cores let it: each request should "
+                        "carry more (fewer, larger files: stager pack), or fewer should go to the source "
+                        "(staging.peers: partition on several nodes)")
+            else:
+                # A request waiting on the source costs a thread, not a process: auto grows those first.
+                text = ("set staging.prefetchers: auto: it keeps more files in flight in each prefetcher (threads "
+                        "waiting on the source, no new processes) before it adds processes, as far as the source "
+                        f"keeps up; or try {step} prefetchers (staging.prefetchers: {step})")
+                if step < need:
+                    text += (f"; {need} would match the demand at today's rate per prefetcher, but a source's "
+                             "bandwidth caps it: grow in steps and run the report again")
             verdict.advice.append(text)
         elif bound:
             need, step = _suggest(rworkers, rdemand, rcapacity)
