@@ -137,7 +137,9 @@ class Cache:
                 other nodes fetch them for their steps before this one would
                 make the room, wait for those fetches (None is returned and
                 ``waiting_for_peers`` is set) rather than drop a file the job
-                would read again from the source. None: drop them.
+                would read again from the source. None: drop them (with
+                ``staging.peer_swaps`` the service gives what it drops to the
+                holder it asks, and does not wait).
 
         Returns:
             The files to remove first (the caller deletes them and calls

@@ -186,7 +186,9 @@ class ServiceLoop:
         while self.admitting and self.failed is None:
             request = self.admitting[0]
             missing = request.missing[cache.state[request.missing] == ABSENT]  # an earlier one may fetch some
-            patient = self.s.peers is not None and (self.room_wait is None or time.monotonic() < self.room_wait)
+            # With swaps a file dropped for room goes to the holder asked (``swaps.offered``): nothing to wait for.
+            patient = self.s.peers is not None and not self.s.staging.peer_swaps and \
+                (self.room_wait is None or time.monotonic() < self.room_wait)
             try:
                 victims = cache.room_for(int(cache.sizes[missing].sum()), request.seq if patient else None)
             except CacheFull as exc:
