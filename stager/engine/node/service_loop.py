@@ -65,6 +65,12 @@ class ServiceLoop:
         self.failed = None       # the Failure sent to clients, once staging failed
         self.next_stall_check = 0.0
         self.room_wait = None    # until when the head request waits for other nodes' fetches (monotonic)
+        # Waiting for the nodes behind pays where the nodes together hold the dataset beside their windows:
+        # then each file is read once. Below that, files go anyway; with swaps a dropped one goes to the holder
+        # asked (``swaps.offered``). Either way a wait would only hold the node back.
+        cache, peers = service.cache, service.peers
+        self.patient = peers is not None and not service.staging.peer_swaps and cache.capacity is not None and \
+            cache.capacity >= int(cache.sizes.sum()) / peers.comm.Get_size() + cache.window
 
     def run(self):
         s = self.s
@@ -186,9 +192,7 @@ class ServiceLoop:
         while self.admitting and self.failed is None:
             request = self.admitting[0]
             missing = request.missing[cache.state[request.missing] == ABSENT]  # an earlier one may fetch some
-            # With swaps a file dropped for room goes to the holder asked (``swaps.offered``): nothing to wait for.
-            patient = self.s.peers is not None and not self.s.staging.peer_swaps and \
-                (self.room_wait is None or time.monotonic() < self.room_wait)
+            patient = self.patient and (self.room_wait is None or time.monotonic() < self.room_wait)
             try:
                 victims = cache.room_for(int(cache.sizes[missing].sum()), request.seq if patient else None)
             except CacheFull as exc:
