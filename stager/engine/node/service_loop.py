@@ -22,6 +22,7 @@ import numpy as np
 
 from .dispatch import Dispatch, Request
 from .readpins import ReadPins
+from .roomwait import RoomWait
 from .stalls import stall_failure
 from ..messages import Bye, Fail, Failure, Given, Hello, Need, Ready, Release, Staged
 from ..peers import swaps
@@ -31,9 +32,6 @@ from ...cache import ABSENT, CacheFull, human
 from ...telemetry import NO_SPACE, PRESENT
 
 _NO_SPACE_TRIES = 3  # fetches of one file that may meet a full disk before the job fails
-# With peers, a request short of room waits this long at most for other nodes to fetch the copies kept
-# for them (``Cache.room_for``'s ``owed_before``); then it drops files the job reads again.
-ROOM_WAIT_S = 10.0
 
 
 class ServiceLoop:
@@ -64,13 +62,7 @@ class ServiceLoop:
         self.peak = 0
         self.failed = None       # the Failure sent to clients, once staging failed
         self.next_stall_check = 0.0
-        self.room_wait = None    # until when the head request waits for other nodes' fetches (monotonic)
-        # Waiting for the nodes behind pays where the nodes together hold the dataset beside their windows:
-        # then each file is read once. Below that, files go anyway; with swaps a dropped one goes to the holder
-        # asked (``swaps.offered``). Either way a wait would only hold the node back.
-        cache, peers = service.cache, service.peers
-        self.patient = peers is not None and not service.staging.peer_swaps and cache.capacity is not None and \
-            cache.capacity >= int(cache.sizes.sum()) / peers.comm.Get_size() + cache.window
+        self.room = RoomWait(service.cache, service.peers, service.staging.peer_swaps)
 
     def run(self):
         s = self.s
@@ -95,7 +87,7 @@ class ServiceLoop:
                 else:
                     self.on_client(obj)
             self.check_stalls()
-            if self.room_wait is not None:
+            if self.room.waiting:
                 self.admit()  # a fetch from here since, or the wait is over: then room is made as without peers
             if s.resizer is not None and self.failed is None and s.resizer.resize():
                 self.dispatch.feed()
@@ -192,9 +184,8 @@ class ServiceLoop:
         while self.admitting and self.failed is None:
             request = self.admitting[0]
             missing = request.missing[cache.state[request.missing] == ABSENT]  # an earlier one may fetch some
-            patient = self.patient and (self.room_wait is None or time.monotonic() < self.room_wait)
             try:
-                victims = cache.room_for(int(cache.sizes[missing].sum()), request.seq if patient else None)
+                victims = cache.room_for(int(cache.sizes[missing].sum()), self.room.owed_before(request.seq))
             except CacheFull as exc:
                 self.fail(Failure("prefetch", "service", request.epoch, request.step, cause="CacheFull",
                                   message=str(exc)))
@@ -205,9 +196,7 @@ class ServiceLoop:
                     self.unpin([read])
                     continue
                 if cache.waiting_for_peers:
-                    if self.room_wait is None:
-                        self.room_wait = time.monotonic() + ROOM_WAIT_S
-                    self.s.peers.wake_on_served = True  # each fetch from here may make the room
+                    self.room.begin()
                     return
                 if len(self.requests) == len(self.admitting) and not cache.in_flight_bytes:
                     self.fail(Failure("prefetch", "service", request.epoch, request.step, cause="CacheFull",
@@ -215,8 +204,7 @@ class ServiceLoop:
                                               f"{request.step} of epoch {request.epoch} beside the files pinned "
                                               f"for reading ({human(cache.used)} used)"))
                 return  # a Release will make room
-            if self.room_wait is not None:
-                self.room_wait, self.s.peers.wake_on_served = None, False
+            self.room.end()
             offers = swaps.offered(victims, cache, self.catalog, self.s.local_dir) if self.s.peers else {}
             self.remove(victims, offers)
             self.admitting.popleft()
