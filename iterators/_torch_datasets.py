@@ -171,9 +171,13 @@ class TorchFiles:
         windows = [getattr(dataset, "stager_window", None) for _, dataset in self.leaves]
         return max(windows) if windows and None not in windows else None
 
-    def decoder(self, seed, worker_init_fn=None, dataset=None):
-        """The ``SampleDecoder`` stager's readers run (picklable when the datasets are)."""
-        return TorchDecoder(self.leaves, self.leaf_of, self.index_in, seed, worker_init_fn, dataset)
+    def decoder(self, seed, worker_init_fn=None, dataset=None, collate=None):
+        """The ``SampleDecoder`` stager's readers run (picklable when the datasets are).
+
+        ``collate``: what the readers make of each minibatch's samples (a
+        ``Collate``), or None to hand the rank the list.
+        """
+        return TorchDecoder(self.leaves, self.leaf_of, self.index_in, seed, worker_init_fn, dataset, collate)
 
 
 class _Swapped(collections.abc.Sequence):
@@ -189,6 +193,37 @@ class _Swapped(collections.abc.Sequence):
         if isinstance(i, int) and (i == self.at or i + len(self.base) == self.at):
             return self.item
         return self.base[i]
+
+
+class Collate:
+    """A loader's ``collate_fn`` as its readers call it: on the minibatch's samples, or on its one sample.
+
+    DataLoader's workers collate; so do stager's readers, and the training
+    process takes each minibatch as it arrives (a view of the reader's ring
+    slot). ``single``: the loader yields samples one by one
+    (``batch_size=None``), so the function gets the sample itself.
+    """
+
+    def __init__(self, fn, single=False):
+        self.fn, self.single = fn, single
+
+    def __call__(self, samples):
+        from torch.utils.data import default_collate, default_convert
+        from torch.utils.data._utils import worker as torch_worker
+
+        info = torch_worker._worker_info
+        if self.fn in (default_collate, default_convert):
+            # Inside a worker, torch's own collation stacks into new shared memory, which serves
+            # DataLoader's hand-over by file descriptor: 6x the cost of a plain stack (21 against 3.2
+            # ms for 32 images of 224x224). The ring copies the result anyway, so it stacks as outside.
+            torch_worker._worker_info = None
+        try:
+            return self.fn(samples[0]) if self.single else self.fn(samples)
+        finally:
+            torch_worker._worker_info = info
+
+    def __repr__(self):
+        return f"collate_fn {getattr(self.fn, '__qualname__', self.fn)!s}"
 
 
 def sample_seed(seed, epoch, index):
@@ -225,13 +260,14 @@ class TorchDecoder(SampleDecoder):
     training process's random streams are left as they were.
     """
 
-    def __init__(self, leaves, leaf_of, index_in, seed, worker_init_fn=None, dataset=None):
+    def __init__(self, leaves, leaf_of, index_in, seed, worker_init_fn=None, dataset=None, collate=None):
         self.leaves = leaves
         self.leaf_of = leaf_of
         self.index_in = index_in
         self.seed = seed
         self.worker_init_fn = worker_init_fn
         self.dataset = dataset
+        self.collate = collate
         self._in_reader = False
 
     def start(self, worker, workers):

@@ -32,10 +32,32 @@ from stager.world import agree, detect
 
 from ._source import resolve, staging_settings
 from ._torch_args import can_pin, dataloader_rules, draw_seed, loader_plan, process_settings
-from ._torch_datasets import TorchFiles
+from ._torch_datasets import Collate, TorchFiles
 from ._torch_shards import ShardDataset
 
 __all__ = ["ShardDataset", "StagedLoader"]
+
+class _Pin:
+    """Pins a minibatch in page-locked memory, as DataLoader's pinning thread does (on ``device``, if named)."""
+
+    def __init__(self, device=""):
+        self.device = device or None
+
+    def __call__(self, out):
+        from torch.utils.data._utils.pin_memory import pin_memory  # what DataLoader's pinning thread calls
+
+        return pin_memory(out, self.device)
+
+    def __repr__(self):
+        return f"pin_memory(device={self.device!r})"
+
+
+class _PinCollated(_Pin):
+    """The pipeline's ``finish``: pins a ``Batch`` the readers collated; the rest is collated, then pinned, later."""
+
+    def __call__(self, batch):
+        return super().__call__(batch.samples) if batch.collated else batch.samples
+
 
 class StagedLoader(IterableDataset):
     """``DataLoader``'s interface over stager: files staged to node-local storage, then decoded and collated.
@@ -164,7 +186,8 @@ class StagedLoader(IterableDataset):
         overrides = {**processes, "plan": plan,
                      "dataset": {"source": files.root, "manifest": None, "catalog": None}}
         self.config, self.world, self.catalog = resolve(base, world, None, overrides, files.catalog)
-        self._decoder = files.decoder(plan["seed"], self.worker_init_fn, dataset)
+        self._decoder = files.decoder(plan["seed"], self.worker_init_fn, dataset,
+                                      Collate(self.collate_fn, single=self.batch_size is None))
 
     def set_epoch(self, epoch):
         """Chooses the epoch the next iteration reads (from its start unless resuming in it).
@@ -229,25 +252,27 @@ class StagedLoader(IterableDataset):
             if batch.last:
                 self._epoch, self._position = epoch + 1, 0
                 self._pipe_at = (epoch + 1, 0)
-            yield self._collate(batch.samples)
+            yield self._collate(batch)
             if batch.last:
                 return
 
-    def _collate(self, samples):
-        out = self.collate_fn(samples) if self.batch_size is not None else self.collate_fn(samples[0])
-        if self.pin_memory:
-            from torch.utils.data._utils.pin_memory import pin_memory  # what DataLoader's pinning thread calls
-
-            out = pin_memory(out, self.pin_memory_device or None)
-        return out
+    def _collate(self, batch):
+        if batch.collated:  # by the readers (and pinned by the pipeline's thread where asked)
+            return batch.samples
+        # A stager config's decoder, or a minibatch another job of the group decoded.
+        out = self.collate_fn(batch.samples) if self.batch_size is not None else self.collate_fn(batch.samples[0])
+        return _Pin(self.pin_memory_device)(out) if self.pin_memory else out
 
     def _pipeline(self):
         # A pipeline closed by an error starts again from the position, so the
         # next iteration retries (and fails again) instead of yielding nothing.
         if self._pipe is None or self._pipe.closed or self._pipe_at != (self._epoch, self._position):
             self._close_pipe()
+            # Minibatches the readers collated are pinned in the pipeline's receiving thread, as
+            # DataLoader pins in a thread of its own: the training thread only takes them.
+            finish = _PinCollated(self.pin_memory_device) if self.pin_memory and self._decoder is not None else None
             self._pipe = Pipeline(self.config, self.catalog, world=self.world, loader=self._decoder,
-                                  start=planlib.Position(self._epoch, self._position)).start()
+                                  start=planlib.Position(self._epoch, self._position), finish=finish).start()
             self._pipe_at = (self._epoch, self._position)
             # A loader still alive at interpreter exit (a global, a reference
             # cycle) would be collected after the modules that its shutdown

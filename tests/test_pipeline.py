@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 
 import h5py
 import numpy as np
@@ -243,6 +244,40 @@ def test_a_failing_staged_callback_reaches_the_consumer(slow_source, tmp_path):
         with pipe:
             list(pipe)
     assert "on_staged" in info.value.remote_traceback
+    assert not stager_workers() and not os.path.exists(pipe.local_dir)
+
+
+class Finish:
+    """A ``finish`` that records the thread it ran in and fails at one step."""
+
+    def __init__(self, fail_at):
+        self.fail_at, self.threads = fail_at, set()
+
+    def __call__(self, batch):
+        self.threads.add(threading.get_ident())
+        if batch.step == self.fail_at:
+            raise MemoryError("cannot pin")
+        return [("finished", sample) for sample in batch.samples]
+
+
+def test_finish_runs_outside_the_consumers_thread_and_its_error_reaches_the_consumer(slow_source, tmp_path):
+    cfg = make_config(slow_source, tmp_path / "local", plan={"epochs": 1}, dataset={"loader": "raw"})
+    catalog = load_catalog(cfg)
+    finish = Finish(fail_at=3)
+    pipe = Pipeline(cfg, catalog, finish=finish)
+    got = []
+    with pytest.raises(StageError) as info:
+        with pipe:
+            for batch in pipe:
+                assert all(tag == "finished" for tag, _ in batch.samples)
+                with open(os.path.join(catalog.root, catalog.path(int(batch.indices[0]))), "rb") as fh:
+                    assert batch.samples[0][1][0] == fh.read()
+                got.append(batch.step)
+    assert got == [0, 1, 2]
+    assert finish.threads and threading.get_ident() not in finish.threads
+    err = info.value
+    assert (err.stage, err.epoch, err.step, err.cause) == ("deliver", 0, 3, "MemoryError")
+    assert "cannot finish minibatch 3 of epoch 0" in str(err) and "cannot pin" in str(err)
     assert not stager_workers() and not os.path.exists(pipe.local_dir)
 
 

@@ -4,6 +4,7 @@ Every comparison is against PyTorch's own DataLoader over the same dataset
 object: the samples must be the dataset's, tensor for tensor.
 """
 
+import gc
 import json
 import os
 import random
@@ -75,6 +76,54 @@ def test_unshuffled_batches_equal_dataloaders_tensor_for_tensor(jpegs, staging, 
         assert len(loader) == len(want) == 9
         assert_same_batches(batches(loader), want)
         assert loader.dataset is ds and loader.batch_size == 5
+
+
+def tagged_collate(samples):
+    """``default_collate``, with where it ran: the process, and the worker it was told it is."""
+    info = torch.utils.data.get_worker_info()
+    return (torch.utils.data.default_collate(samples), os.getpid(),
+            None if info is None else (info.id, info.num_workers))
+
+
+def failing_collate(samples):
+    if int(samples[0][1]) == 1:
+        raise ValueError("no class 1 here")
+    return torch.utils.data.default_collate(samples)
+
+
+def test_collate_fn_runs_in_the_readers_as_in_dataloaders_workers(jpegs, staging):
+    ds = ImageFolder(jpegs, transform=FIXED)
+    theirs = list(DataLoader(ds, batch_size=5, num_workers=2, collate_fn=tagged_collate))
+    with StagedLoader(ds, batch_size=5, num_workers=2, collate_fn=tagged_collate, config=staging) as loader:
+        ours = [([t.clone() for t in b], pid, info) for b, pid, info in loader]
+        readers = {proc.pid for proc in loader._pipe._ch.readers.procs}
+    assert_same_batches([b for b, _, _ in ours], [b for b, _, _ in theirs])
+    for got in (ours, theirs):
+        assert all(pid != os.getpid() and info[1] == 2 and info[0] in (0, 1) for _, pid, info in got)
+    assert {pid for _, pid, _ in ours} <= readers
+
+
+def test_a_failing_collate_fn_names_the_minibatch_after_delivering_those_before(jpegs, staging):
+    ds = ImageFolder(jpegs, transform=FIXED)
+
+    def count(loader):
+        got = []
+        with pytest.raises(Exception) as info:
+            for b in loader:
+                got.append(b)
+        error = info.value
+        error.__traceback__ = None  # its frames hold DataLoader's iterator, whose collection ends its workers
+        return len(got), error
+
+    theirs, their_error = count(DataLoader(ds, batch_size=5, num_workers=2, collate_fn=failing_collate))
+    gc.collect()
+    with StagedLoader(ds, batch_size=5, num_workers=2, collate_fn=failing_collate, config=staging) as loader:
+        ours, error = count(loader)
+    # DataLoader raises in the failing minibatch's turn; stager as soon as the reader reports it.
+    assert theirs == 3 and isinstance(their_error, ValueError) and ours <= theirs
+    assert isinstance(error, StageError) and (error.stage, error.epoch, error.step) == ("read", 0, 3)
+    assert "collating minibatch 3 of epoch 0 (5 samples) with collate_fn failing_collate: ValueError: no class 1 " \
+           "here" in str(error)
 
 
 def test_each_shuffled_epoch_holds_the_datasets_samples_once(jpegs, staging):

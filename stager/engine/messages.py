@@ -251,13 +251,20 @@ class ReadTask:
 
 @dataclass(frozen=True, slots=True)
 class Decoded:
-    """A reader's decoded minibatch ``seq``; ``published``: it is on the group's shelf too."""
+    """A reader's decoded minibatch ``seq``; ``published``: it is on the group's shelf too.
+
+    ``samples`` is the list of decoded samples, or, where the decoder
+    collates (``collated``), the one object its ``collate`` made of them;
+    ``count`` is the number of samples either way.
+    """
 
     seq: int
     worker: int
-    samples: list
+    samples: object
     seconds: float
     published: bool = False
+    count: int = 0
+    collated: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -59,6 +59,9 @@ class Channels:
             takes from the group's shelf.
         linger: Seconds to wait after the goodbye for the service to hang up
             (a shared group's); 0: none.
+        finish: A callable taking a ``Batch`` and returning its samples as
+            the consumer gets them, run here before each delivery (a front
+            end's pinning), or None.
     """
 
     def __init__(self, wake):
@@ -75,6 +78,7 @@ class Channels:
         self.claims = False
         self.shelf_ring = None
         self.linger = 0.0
+        self.finish = None
         self._claim_lock = threading.Lock()
         self._claimed = False
 
@@ -275,20 +279,35 @@ class Coordinator:
         self.first_read = True
         self.telemetry.record(tm.GROUP, tm.GROUP_TAKEN, len(samples), 0)
         self.ch.send(Release(seq))
-        self.deliver(seq, samples, time.perf_counter() - begin)
-        return False
+        return self.deliver(seq, samples, time.perf_counter() - begin)
 
-    def deliver(self, seq, samples, seconds):
-        """Minibatch ``seq`` is decoded: the consumer gets it, and those before it, in plan order."""
+    def deliver(self, seq, samples, seconds, collated=False):
+        """Minibatch ``seq`` is decoded: the consumer gets it, and those before it, in plan order.
+
+        Returns:
+            True when the coordinator must stop: ``finish`` failed, and the
+            consumer gets that error instead.
+        """
         mb = self.batches.pop(seq)
         times = self.times.pop(seq)
         times.read = seconds
-        self.results[seq] = Batch(mb.epoch, mb.step, mb.indices, samples, times, mb.end, mb.last)
+        self.results[seq] = Batch(mb.epoch, mb.step, mb.indices, samples, times, mb.end, mb.last, collated)
+        finish = self.ch.finish
         while self.emit_ptr in self.results:
             batch = self.results.pop(self.emit_ptr)
-            self.telemetry.record(tm.DELIVERED, self.emit_ptr, len(batch.samples))  # before the consumer sees it
+            if finish is not None:
+                try:
+                    batch.samples = finish(batch)
+                except Exception as exc:
+                    self.ch.out.put(Failure.from_exception(
+                        "deliver", "rank", exc, batch.epoch, batch.step, None,
+                        f"cannot finish minibatch {batch.step} of epoch {batch.epoch} with {finish!r}: "
+                        f"{type(exc).__name__}: {exc}").to_error())
+                    return True
+            self.telemetry.record(tm.DELIVERED, self.emit_ptr, len(batch.indices))  # before the consumer sees it
             self.ch.out.put((self.emit_ptr, batch))
             self.emit_ptr += 1
+        return False
 
     def handle(self, msg):
         """Acts on one message; True when the coordinator must stop."""
@@ -310,12 +329,12 @@ class Coordinator:
                 return True
         elif isinstance(msg, Decoded):
             self.first_read = True
-            telemetry.record(tm.READ, msg.seq, len(msg.samples), msg.seconds)
+            telemetry.record(tm.READ, msg.seq, msg.count, msg.seconds)
             if msg.published:
-                telemetry.record(tm.GROUP, tm.GROUP_GIVEN, len(msg.samples), 0)
+                telemetry.record(tm.GROUP, tm.GROUP_GIVEN, msg.count, 0)
             if self.staging:
                 self.ch.send(Release(msg.seq, msg.published))
-            self.deliver(msg.seq, msg.samples, msg.seconds)
+            return self.deliver(msg.seq, msg.samples, msg.seconds, msg.collated)
         elif isinstance(msg, Consumed):
             self.consumed = max(self.consumed, msg.seq + 1)
             if self.deepening is not None and not self.exhausted:  # at the plan's end the prefetchers idle anyway

@@ -67,10 +67,15 @@ class Pipeline(Startup):
             (``plan.PlanSpec``), which the node's service
             can evaluate too, or an iterable of ``plan.Minibatch`` (front ends
             whose order only they know); default: ``config.plan`` from ``start``.
+        finish: Optional callable taking a ``Batch`` and returning its
+            samples as the consumer gets them (a front end pins them there),
+            run in the pipeline's receiving thread rather than the
+            consumer's; an error in it reaches the consumer as a
+            ``StageError`` of stage ``deliver``.
     """
 
     def __init__(self, config, catalog=None, *, loader=None, start=(0, 0), on_staged=None, world=None,
-                 plan=None):
+                 plan=None, finish=None):
         self._dataset, self._plan_cfg = config.dataset, config.plan
         self._staging, self._reader, self._processes = config.staging, config.reader, config.processes
         self._asked = config.staging  # as configured, before ``auto`` counts are resolved
@@ -87,6 +92,7 @@ class Pipeline(Startup):
         self._loader = loader if loader is not None else config.dataset.loader
         self._on_staged = on_staged
         self._ch = Channels(Wake())
+        self._ch.finish = finish
         self._jobdir = None
         self._jobdirs = []  # the job directory once made, for the finaliser
         self._coordinator = None
@@ -324,5 +330,5 @@ class Pipeline(Startup):
         seq, batch = item
         ch.wake.notify(Consumed(seq, stall))
         batch.times.stall = stall
-        self.stats.telemetry.record(tm.CONSUMED, seq, len(batch.samples), stall)
+        self.stats.telemetry.record(tm.CONSUMED, seq, len(batch.indices), stall)
         return batch

@@ -109,7 +109,8 @@ def reader_main(worker, parent_pid, tasks, reply, stop, root, loader, loader_opt
     """Decodes each ``ReadTask``'s files and replies ``Decoded`` (through ``wire``).
 
     A sample is the decoder's output, or ``(output, label)`` for labelled
-    data. Replies go through the reader's ``wire.Ring``, so arrays reach the
+    data; a decoder with a ``collate`` callable has the minibatch's samples
+    collated here, and the reply carries the result. Replies go through the reader's ``wire.Ring``, so arrays reach the
     rank through shared memory whatever their layout.
 
     Args:
@@ -130,6 +131,9 @@ def reader_main(worker, parent_pid, tasks, reply, stop, root, loader, loader_opt
     except Exception as exc:
         ring.send(reply, Failure.from_exception("read", worker, exc))
         decoder = None
+    # A decoder that collates (a front end's ``collate_fn``) does it here, beside the decoding, as
+    # DataLoader's workers do: the training process then takes the minibatch as the ring delivers it.
+    collate = getattr(decoder, "collate", None)
     for task in _tasks(tasks, stop, parent_pid):
         if decoder is None:
             continue
@@ -153,8 +157,20 @@ def reader_main(worker, parent_pid, tasks, reply, stop, root, loader, loader_opt
         published = False
         if task.publish is not None:
             try:
-                batchfile.put(task.publish, samples)
+                batchfile.put(task.publish, samples)  # as decoded: another job of the group may collate otherwise
                 published = True
             except (OSError, pickle.PicklingError, TypeError):
                 pass  # the group's shared memory is full or the samples do not travel: the others decode it
-        ring.send(reply, Decoded(task.seq, worker, samples, time.perf_counter() - start, published), stop)
+        count, out = len(samples), samples
+        if collate is not None:
+            try:
+                out = collate(samples)
+            except Exception as exc:
+                ring.send(reply, Failure.from_exception(
+                    "read", worker, exc, task.epoch, task.step, None,
+                    f"collating minibatch {task.step} of epoch {task.epoch} ({count} samples) with {collate!r}: "
+                    f"{type(exc).__name__}: {exc}"))
+                decoder = None
+                continue
+        ring.send(reply, Decoded(task.seq, worker, out, time.perf_counter() - start, published, count,
+                                 collate is not None), stop)
