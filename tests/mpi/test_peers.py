@@ -96,6 +96,24 @@ def test_a_holder_that_evicted_the_file_makes_the_requester_read_the_source(comm
     assert [p for p in os.listdir(requester) if p.startswith(".")] == [], "nothing partial is left"
 
 
+def test_a_copy_published_while_the_holder_answers_is_sent_not_read_again_from_the_source(comm, dirs):
+    """The holder's fetch finishes between its look for the file and its cache's answer, which then says
+    the file is not to come (it is staged): the copy is there, so it is sent."""
+    source, holder, requester, files = dirs
+    os.unlink(holder / "small.bin")  # still being fetched when the ask comes
+
+    def published_meanwhile(index, seq):
+        tmp = holder / ".small.bin.part"
+        shutil.copyfile(source / "small.bin", tmp)
+        os.rename(tmp, holder / "small.bin")
+        return False
+
+    replies, served = transfer(comm, dirs, ["small.bin"], to_come=published_meanwhile)
+    assert [(m.route, m.done) for m in replies] == [("peer", [(0, files["small.bin"])])], replies
+    assert (requester / "small.bin").read_bytes() == (source / "small.bin").read_bytes()
+    assert served == [(0, files["small.bin"])]
+
+
 def test_files_dropped_for_room_ride_with_the_request_to_the_holder_after_its_answer(comm, dirs):
     """A node short of room gives the holder it asks the file it dropped (``swaps``): the bytes travel in
     the request, and the holder is handed them once it has answered (the room its answer frees), with the

@@ -148,16 +148,23 @@ def serve(comm, peer, ask, root, timeout_s, to_come, position=lambda: -1, moved=
     buf = None
     offers = []  # answers on their way: waited for together, so files do not wait on each other's handshakes
     for index, rel, expected in ask.files:
+        fd = _open(root, rel)
         try:
-            fd = os.open(os.path.join(root, rel), os.O_RDONLY)
-        except OSError:
-            fd = None
-        try:
+            offer = None
+            if fd is None:
+                to = moved(index)
+                if to >= 0:
+                    offer = Offer(MOVED, at=to)
+                elif to_come(index):
+                    offer = Offer(PENDING, at=position())
+                else:
+                    # A copy published between the open and the cache's answer is no longer to come
+                    # but here: looked for once more, or the asker would read it from the source again.
+                    fd = _open(root, rel)
             size = os.fstat(fd).st_size if fd is not None else MISSING
-            if size != expected:
-                to = moved(index) if fd is None else -1
-                offer = Offer(MOVED, at=to) if to >= 0 else \
-                    Offer(PENDING, at=position()) if fd is None and to_come(index) else Offer(MISSING)
+            if offer is None and size != expected:
+                offer = Offer(MISSING)
+            if offer is not None:
                 offers.append(comm.isend(offer, dest=peer, tag=ask.tag))
                 yield index, 0
                 continue
@@ -177,6 +184,13 @@ def serve(comm, peer, ask, root, timeout_s, to_come, position=lambda: -1, moved=
                 os.close(fd)
     for request in offers:
         wait(request, deadline, f"node leader {peer} to take its files")
+
+
+def _open(root, rel):
+    try:
+        return os.open(os.path.join(root, rel), os.O_RDONLY)
+    except OSError:
+        return None
 
 
 def ask_for(comm, owner, ask, timeout_s):
