@@ -66,6 +66,28 @@ def can_pin():
     return False
 
 
+class Pin:
+    """Pins a minibatch in page-locked memory, as DataLoader's pinning thread does (on ``device``, if named)."""
+
+    def __init__(self, device=""):
+        self.device = device or None
+
+    def __call__(self, out):
+        from torch.utils.data._utils.pin_memory import pin_memory  # what DataLoader's pinning thread calls
+
+        return pin_memory(out, self.device)
+
+    def __repr__(self):
+        return f"pin_memory(device={self.device!r})"
+
+
+class PinCollated(Pin):
+    """The pipeline's ``finish``: pins a ``Batch`` the readers collated; the rest is collated, then pinned, later."""
+
+    def __call__(self, batch):
+        return super().__call__(batch.samples) if batch.collated else batch.samples
+
+
 def dataloader_rules(dataset, **arguments):
     """DataLoader's own checks and defaults for these arguments: the ``DataLoader`` they make.
 

@@ -36,7 +36,8 @@ import stat
 
 import numpy as np
 import torch
-from torch.utils.data import ConcatDataset, Dataset, IterableDataset, Subset
+from torch.utils.data import ConcatDataset, Dataset, IterableDataset, Subset, default_collate, default_convert
+from torch.utils.data._utils import worker as torch_worker  # where get_worker_info() looks
 
 from stager import Catalog, ShardCatalog
 from stager.formats.shards import ShardLayout
@@ -208,9 +209,6 @@ class Collate:
         self.fn, self.single = fn, single
 
     def __call__(self, samples):
-        from torch.utils.data import default_collate, default_convert
-        from torch.utils.data._utils import worker as torch_worker
-
         info = torch_worker._worker_info
         if self.fn in (default_collate, default_convert):
             # Inside a worker, torch's own collation stacks into new shared memory, which serves
@@ -271,8 +269,6 @@ class TorchDecoder(SampleDecoder):
         self._in_reader = False
 
     def start(self, worker, workers):
-        from torch.utils.data._utils import worker as torch_worker  # where get_worker_info() looks
-
         self._in_reader = True
         torch.set_num_threads(1)  # as DataLoader's workers: the readers are the parallelism
         seed = self.seed + worker

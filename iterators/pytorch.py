@@ -31,33 +31,11 @@ from stager.sources import SourceStalled
 from stager.world import agree, detect
 
 from ._source import resolve, staging_settings
-from ._torch_args import can_pin, dataloader_rules, draw_seed, loader_plan, process_settings
+from ._torch_args import Pin, PinCollated, can_pin, dataloader_rules, draw_seed, loader_plan, process_settings
 from ._torch_datasets import Collate, TorchFiles
 from ._torch_shards import ShardDataset
 
 __all__ = ["ShardDataset", "StagedLoader"]
-
-class _Pin:
-    """Pins a minibatch in page-locked memory, as DataLoader's pinning thread does (on ``device``, if named)."""
-
-    def __init__(self, device=""):
-        self.device = device or None
-
-    def __call__(self, out):
-        from torch.utils.data._utils.pin_memory import pin_memory  # what DataLoader's pinning thread calls
-
-        return pin_memory(out, self.device)
-
-    def __repr__(self):
-        return f"pin_memory(device={self.device!r})"
-
-
-class _PinCollated(_Pin):
-    """The pipeline's ``finish``: pins a ``Batch`` the readers collated; the rest is collated, then pinned, later."""
-
-    def __call__(self, batch):
-        return super().__call__(batch.samples) if batch.collated else batch.samples
-
 
 class StagedLoader(IterableDataset):
     """``DataLoader``'s interface over stager: files staged to node-local storage, then decoded and collated.
@@ -261,7 +239,7 @@ class StagedLoader(IterableDataset):
             return batch.samples
         # A stager config's decoder, or a minibatch another job of the group decoded.
         out = self.collate_fn(batch.samples) if self.batch_size is not None else self.collate_fn(batch.samples[0])
-        return _Pin(self.pin_memory_device)(out) if self.pin_memory else out
+        return Pin(self.pin_memory_device)(out) if self.pin_memory else out
 
     def _pipeline(self):
         # A pipeline closed by an error starts again from the position, so the
@@ -270,7 +248,7 @@ class StagedLoader(IterableDataset):
             self._close_pipe()
             # Minibatches the readers collated are pinned in the pipeline's receiving thread, as
             # DataLoader pins in a thread of its own: the training thread only takes them.
-            finish = _PinCollated(self.pin_memory_device) if self.pin_memory and self._decoder is not None else None
+            finish = PinCollated(self.pin_memory_device) if self.pin_memory and self._decoder is not None else None
             self._pipe = Pipeline(self.config, self.catalog, world=self.world, loader=self._decoder,
                                   start=planlib.Position(self._epoch, self._position), finish=finish).start()
             self._pipe_at = (self._epoch, self._position)
