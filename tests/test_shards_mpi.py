@@ -19,7 +19,14 @@ pytestmark = pytest.mark.skipif(not os.path.exists(MPIEXEC), reason=f"no mpiexec
 SAMPLES, PER_SHARD, EPOCHS = 240, 20, 3
 
 
-def test_peers_read_each_container_from_the_source_once_per_job(tmp_path):
+COUNTS = {"counts set": "staging: {local_dir: local, lookahead: 4, peers: partition, prefetchers: 4}\n"
+                        "reader: {workers: 2}\n",
+          # auto: each leader's probe reads the first containers its node reads from the source, no other's
+          "defaults": "staging: {local_dir: local, peers: partition}\n"}
+
+
+@pytest.mark.parametrize("counts", list(COUNTS))
+def test_peers_read_each_container_from_the_source_once_per_job(tmp_path, counts):
     from helpers.opens import Opens
 
     (tmp_path / "job.yaml").write_text(f"""
@@ -27,13 +34,10 @@ dataset: {{source: data, manifest: manifest.tsv, format: tar, loader: "shardchec
 synthetic: {{samples: {SAMPLES}, bytes: 3000, per_shard: {PER_SHARD}}}
 slowfs: {{enabled: true, open_ms: 2}}
 plan: {{batch_size: 5, epochs: {EPOCHS}, seed: 3, shuffle_algorithm: shards, shard_window: 3}}
-staging: {{local_dir: local, lookahead: 4, peers: partition, prefetchers: 4}}
-reader: {{workers: 2}}
-""")
+""" + COUNTS[counts])
     job = make_job_data(tmp_path / "job.yaml")
     rec = tmp_path / "rec"
-    # The readers check each sample against a copy, so that the opens counted are stager's alone. The counts
-    # are set: a start's probe of containers (auto) would open a few of them once more.
+    # The readers check each sample against a copy, so that the opens counted are stager's alone.
     shutil.copytree(tmp_path / "data", tmp_path / "reference")
     env = dict(helper_env(tmp_path), STAGER_TEST_SOURCE=str(tmp_path / "reference"))
     with Opens(tmp_path / "data") as opens:

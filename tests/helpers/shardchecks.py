@@ -2,19 +2,20 @@
 
 import glob
 import os
-
+import threading
 
 _reference = {}
+_filling = threading.Lock()  # the start's probe decodes a few samples at once, in threads
 
 
 def same_as_webdataset(sample):
     """Checks a tar sample's parts against webdataset's reading of the source (``STAGER_TEST_SOURCE``), decodes it."""
     import webdataset
 
-    if not _reference:
-        urls = sorted(glob.glob(os.path.join(os.environ["STAGER_TEST_SOURCE"], "*.tar")))
-        for ref in webdataset.WebDataset(urls, shardshuffle=False):
-            _reference[ref["__key__"]] = ref
+    with _filling:
+        if not _reference:
+            urls = sorted(glob.glob(os.path.join(os.environ["STAGER_TEST_SOURCE"], "*.tar")))
+            _reference.update((ref["__key__"], ref) for ref in webdataset.WebDataset(urls, shardshuffle=False))
     want = _reference[sample["__key__"]]
     for part in ("npy", "cls"):
         if sample[part] != want[part]:
@@ -46,8 +47,9 @@ def same_as_streaming(sample):
     """Checks an MDS sample's columns against Streaming's reading of the source (``STAGER_TEST_SOURCE``)."""
     import numpy as np
 
-    if not _streaming:
-        _streaming.update(streaming_samples(os.environ["STAGER_TEST_SOURCE"]))
+    with _filling:
+        if not _streaming:
+            _streaming.update(streaming_samples(os.environ["STAGER_TEST_SOURCE"]))
     want = _streaming[int(sample["id"])]
     if set(sample) != set(want):
         raise ValueError(f"sample {sample['id']}: columns {sorted(sample)}, Streaming's {sorted(want)}")

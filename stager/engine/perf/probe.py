@@ -173,15 +173,19 @@ def _private(root, rel, private):
     return alias
 
 
-def first_files(catalog, minibatches, files=PROBE_FILES):
+def first_files(catalog, minibatches, files=PROBE_FILES, keep=None):
     """Sample indices of the first ``files`` distinct files (or containers) of the plan's first epoch, in order.
 
     Args:
         minibatches: The plan's ``Minibatch`` objects, in order (may never end:
             only the first epoch is read).
+        keep: ``(file, seq) -> bool``, whether a file first met in the
+            ``seq``-th minibatch (from 0) may be picked; None: any. With peers,
+            only the files this node reads from the source, not another
+            node's: the probe's copy is then the job's one read of it.
     """
     picks, seen, epoch = [], set(), None
-    for batch in minibatches:
+    for seq, batch in enumerate(minibatches):
         if epoch is None:
             epoch = batch.epoch
         elif batch.epoch != epoch:
@@ -190,6 +194,8 @@ def first_files(catalog, minibatches, files=PROBE_FILES):
         for index, file in zip(indices, catalog.file_index(indices).tolist()):
             if file not in seen:
                 seen.add(file)
+                if keep is not None and not keep(file, seq):
+                    continue
                 picks.append(index)
                 if len(picks) == files:
                     return picks

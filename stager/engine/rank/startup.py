@@ -22,7 +22,7 @@ from .. import group
 from .. import perf
 from ..messages import Hello
 from ..node.service import StagingService
-from ..peers import node_peers
+from ..peers import node_holders, node_peers, reads_from_source
 from ..perf.probe import first_files
 from ..tuning import autocounts
 from ..tuning.deepening import Deepening
@@ -77,17 +77,22 @@ class Startup:
         if own_dir:
             self._jobdir = JobDir(self._staging, self.catalog.root, agreed_job_id(self._staging, world), world)
             self._jobdirs.append(self._jobdir)
-        # The probe reads the plan's first files (or containers); into the job's directory, where the
-        # prefetchers find them. (Not yet containers with peers: a container another node owns is probed,
-        # spread, in a directory of the probe's own.)
+        # Collective: before the probe, which with peers reads only what this node reads from the source.
+        peer_link = self._join_peers() if own_dir else None
+        holders = None
+        if peer_link is not None and world.node_leader:
+            holders = node_holders(peer_link, spec, self.catalog)
+        # The probe reads the plan's first files (or containers) into the job's directory, where the
+        # prefetchers find them; with peers, only those this node is the first to read (the others come
+        # from the nodes that read them before it): a node with none takes another leader's measurements.
         first = None
-        alone = self.catalog.containers is None or self._staging.peers == "off"
-        if (auto_prefetch or auto_read) and hasattr(spec, "minibatches") and alone:
-            first = first_files(self.catalog, spec.minibatches(world.rank))
+        if (auto_prefetch or auto_read) and hasattr(spec, "minibatches") and world.node_leader:
+            keep = None if holders is None else (lambda file, seq: reads_from_source(holders, file, seq))
+            first = first_files(self.catalog, spec.minibatches(world.rank), keep=keep) or None
         self._staging, self._reader, self._auto, in_flight = autocounts.resolve(
             self._staging, self._reader, self._dataset, getattr(spec, "batch_size", self._plan_cfg.batch_size),
             self.catalog, source, world.node_comm if shared else None, self._loader, first,
-            self._jobdir.create if own_dir and first else None)
+            self._jobdir.create if own_dir and first else None, None if holders is None else peer_link[0])
         self._in_flight = in_flight or getattr(source, "concurrency", 1)
         auto = None
         if auto_prefetch and self._staging.enabled:
@@ -116,7 +121,7 @@ class Startup:
                 ch.send(Hello(world.rank, spec, stream, self._ahead()))
             elif self._staging.enabled:
                 self.local_dir = self._jobdir.path
-                read_root = self._connect_service(ctx, source, spec, self._join_peers(), auto)
+                read_root = self._connect_service(ctx, source, spec, peer_link, holders, auto)
                 ch.send(Hello(world.rank, spec, ahead=self._ahead()))
             read_ahead = self._reader.ahead or 2 * self._reader.workers
             deepening = None
@@ -164,7 +169,7 @@ class Startup:
                               "the job under mpiexec or srun, or set staging.peers: off")
         return split_leaders(world)
 
-    def _connect_service(self, ctx, source, spec, peer_link, fetch_auto=None):
+    def _connect_service(self, ctx, source, spec, peer_link, holders, fetch_auto=None):
         """Starts (leader) or joins (other ranks) the node's staging service.
 
         Args:
@@ -172,6 +177,7 @@ class Startup:
             source: The ``Source`` the prefetchers fetch from.
             spec: This rank's plan description, or None.
             peer_link: ``world.split_leaders``'s result (``staging.peers``), or None.
+            holders: With ``peer_link``, on the node leader, ``peers.node_holders``'s result.
             fetch_auto: With ``staging.prefetchers: auto``, an ``autocounts.AutoFetch``.
 
         Returns:
@@ -199,7 +205,7 @@ class Startup:
             peers = None
             if peer_link is not None:
                 # As many peer fetch threads as prefetchers, or as files they keep in flight where tuned.
-                peers = node_peers(peer_link, spec, self.catalog, source, path,
+                peers = node_peers(peer_link, holders, source, path,
                                    self._staging.prefetchers * (fetch_auto.in_flight or 1 if fetch_auto else 1),
                                    self.stats.telemetry, self._staging.peer_choice, self._staging.stall_timeout_s,
                                    self._staging.peer_swaps)

@@ -44,12 +44,14 @@ def tunes_in_flight(staging, dataset):
             and is_auto(dataset.requests_in_flight))
 
 
-def resolve(staging, reader, dataset, batch_size, catalog, source, node_comm, loader=None, first=None, into=None):
+def resolve(staging, reader, dataset, batch_size, catalog, source, node_comm, loader=None, first=None, into=None,
+            leaders=None):
     """The ``StagingConfig`` and ``ReaderConfig`` with ``auto`` counts made numbers.
 
     Collective over ``node_comm`` (None: this rank alone) when a count is
-    ``auto``; a rank whose config has none returns at once, as do all ranks
-    of a job, since they share one config.
+    ``auto``, and over ``leaders`` on the node leaders; a rank whose config
+    has none returns at once, as do all ranks of a job, since they share one
+    config.
 
     Args:
         loader: What the readers decode with (the pipeline's loader: a front
@@ -58,6 +60,10 @@ def resolve(staging, reader, dataset, batch_size, catalog, source, node_comm, lo
             ``perf.probe.first_files``), or None: spread over the catalog.
         into: A callable, run on the node leader only, giving the directory
             the probe's copies stay in (the job's staging directory), or None.
+        leaders: With peers, on a node leader, the leaders' communicator: a
+            leader given no ``first`` files (every one it reads first comes
+            from another node) takes another leader's measurements rather
+            than open files of the source that another node reads.
 
     Returns:
         ``(staging, reader, rates, in_flight)``: ``rates`` is the probe's
@@ -68,11 +74,17 @@ def resolve(staging, reader, dataset, batch_size, catalog, source, node_comm, lo
     if not (is_auto(staging.prefetchers) or is_auto(reader.workers)):
         return staging, reader, None, None
 
-    def measure():
+    def probe(picks):
         options = {"hdf5_key": dataset.hdf5_key, "layout": dataset.layout}
         # Its reads of the source have the stall limit too: a hung source fails the start, not hangs it.
         return within(staging.stall_timeout_s, perf.probe, source, catalog, loader or dataset.loader, options,
-                      batch_size=batch_size, picks=first, into=into() if into is not None else None).to_dict()
+                      batch_size=batch_size, picks=picks,
+                      into=into() if into is not None and picks else None).to_dict()
+
+    def measure():
+        if leaders is None:
+            return probe(first)
+        return _among_leaders(leaders, probe, first)
 
     rates = perf.Rates.from_dict(agree(node_comm, measure, lambda text: StageError(
         f"the node leader could not probe {catalog.root} for auto counts: {text}", stage="prefetch")))
@@ -94,6 +106,36 @@ def resolve(staging, reader, dataset, batch_size, catalog, source, node_comm, lo
              "%d cores)", fetching, reader.workers, rates.open_s * 1000, rates.bandwidth / 1e6, rates.read_s * 1000,
              rates.cpu_s * 1000, rates.cores)
     return staging, reader, rates, in_flight
+
+
+def _among_leaders(leaders, probe, first):
+    """This leader's probe of its ``first`` files; without any, another leader's (collective over ``leaders``).
+
+    Every leader learns whether each one's probe failed, so that none waits
+    on another that gave up. A leader that takes another's measurements keeps
+    its own cores and memory; where no leader had files of its own, each
+    probes a spread of the catalog.
+    """
+    mine, failure = None, None
+    if first:
+        try:
+            mine = probe(first)
+        except Exception as exc:
+            failure = exc
+    told = leaders.allgather((mine, None if failure is None else f"{type(failure).__name__}: {failure}"))
+    if failure is not None:
+        raise failure
+    for leader, (_, text) in enumerate(told):
+        if text is not None:
+            raise StageError(f"node leader {leader} could not probe the source for auto counts: {text}",
+                             stage="prefetch")
+    if mine is not None:
+        return mine
+    theirs = next((rates for rates, _ in told if rates is not None), None)
+    if theirs is None:
+        return probe(None)
+    cores, memory = perf.machine()
+    return dict(theirs, cores=cores, memory=memory)
 
 
 def reader_limit(rates):
