@@ -367,28 +367,56 @@ def test_the_command_over_a_sharded_dataset_stages_containers(tmp_path, capsys):
     assert [e["local_files"] for e in staged["epochs"]][1] > 0
 
 
-def _slowing_source(prefetchers):
-    """A 3-epoch job of 1,024 files on a source at 2 ms an open that takes 30 ms from 3 s to 8 s."""
-    cfg = config_from_dict({"dataset": {"source": "/nonexistent", "manifest": "m.tsv"},
+def _one_epoch(prefetchers, in_flight, copy_ms):
+    """Seconds of one epoch of 512 files at 20 ms an open, 8 cores, nothing to compute: the fetches alone."""
+    cfg = config_from_dict({"dataset": {"source": "/nonexistent", "manifest": "m.tsv", "requests_in_flight": in_flight},
+                            "plan": {"batch_size": 32, "epochs": 1, "seed": 1},
+                            "staging": {"prefetchers": prefetchers, "lookahead": 16},
+                            "reader": {"workers": 2}, "run": {"compute_ms": 0}})
+    profile = profile_from_dict({"filesystem": {"open_ms": 20.0}, "node": {"cores": 8},
+                                 "costs": {"copy_ms": copy_ms, "read_ms": 0.01, "batch_ms": 0.0, "main_ms": 0.0}})
+    return simulate(cfg, profile, Layout(1), np.full(512, 10_000))["methods"]["stager"]["seconds"]
+
+
+def test_files_in_flight_wait_on_the_source_together_and_copy_one_process_at_a_time():
+    # Waiting on the source, 16 files in flight are 16 whether in one process or four.
+    threads, processes, one = _one_epoch(1, 16, 0.1), _one_epoch(4, 4, 0.1), _one_epoch(1, 1, 0.1)
+    assert threads == pytest.approx(processes, rel=0.1)
+    assert threads < one / 8
+    # Copying at 5 ms of CPU a file, one process's threads share one core: four processes copy on four.
+    assert _one_epoch(1, 16, 5.0) > 2.5 * _one_epoch(4, 4, 5.0)
+
+
+def _slowing_source(prefetchers, in_flight="auto"):
+    """A 3-epoch job of 1,024 files on a source at 2 ms an open that takes 30 ms from 1 s to 6 s."""
+    cfg = config_from_dict({"dataset": {"source": "/nonexistent", "manifest": "m.tsv", "requests_in_flight": in_flight},
                             "plan": {"batch_size": 32, "epochs": 3, "seed": 1},
                             "staging": {"prefetchers": prefetchers, "capacity": "24000000", "cache_policy": "lru",
                                         "lookahead": 4},
                             "reader": {"workers": 2}, "run": {"compute_ms": 20}})
-    profile = profile_from_dict({"filesystem": {"open_ms": 2.0, "open_ms_changes": [[3.0, 30.0], [8.0, 2.0]]},
+    profile = profile_from_dict({"filesystem": {"open_ms": 2.0, "open_ms_changes": [[1.0, 30.0], [6.0, 2.0]]},
                                  "node": {"cores": 4}, "costs": {"read_ms": 2.0}})
     return simulate(cfg, profile, Layout(1), np.full(1024, 60_000))["methods"]["stager"]
+
+
+def _files_in_flight(row):
+    return row["prefetchers"] * row["in_flight"]
 
 
 def test_a_source_whose_latency_changes_is_simulated_and_auto_follows_it():
     auto = _slowing_source("auto")
     timeline = auto["counts_timeline"]
-    start = timeline[0]["prefetchers"]
-    assert timeline[0]["t"] == 0.0 and start >= 2
-    # The engine's own tuner, replayed: more prefetchers once opens take 30 ms.
-    assert max(r["prefetchers"] for r in timeline if r["t"] >= 3.0) > start
-    held = _slowing_source(start)
-    assert held["counts_timeline"] == [{"t": 0.0, "prefetchers": start, "in_flight": 1, "readers": 2, "lookahead": 4}]
-    # Held at the start's count, the slow phase takes longer (simulated time: no machine noise).
+    start = timeline[0]
+    assert start["t"] == 0.0 and _files_in_flight(start) >= 16
+    # The engine's own tuner, replayed: more files in flight once opens take 30 ms, in threads
+    # (the prefetchers wait on the source, their own CPU is not the limit): no more processes.
+    slow = [r for r in timeline if 1.0 <= r["t"] < 6.0]
+    assert max(_files_in_flight(r) for r in slow) > _files_in_flight(start)
+    assert max(r["prefetchers"] for r in slow) == start["prefetchers"]
+    held = _slowing_source(start["prefetchers"], start["in_flight"])
+    assert held["counts_timeline"] == [{"t": 0.0, "prefetchers": start["prefetchers"], "in_flight": start["in_flight"],
+                                        "readers": 2, "lookahead": 4}]
+    # Held at the start's counts, the slow phase takes longer (simulated time: no machine noise).
     assert auto["seconds"] < held["seconds"]
     # The same job on a source that never slows is quicker than either.
     steady = simulate(*_steady_job())["methods"]["stager"]

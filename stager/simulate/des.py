@@ -5,9 +5,11 @@ plan); this module adds when. Per node, the service asks for step ``s`` once
 every rank of the node has consumed step ``s - ahead`` (with ``staging.lookahead:
 auto``, ``ahead`` deepens as the engine's ``Deepening`` decides, fed the
 node's fetch spans and idle prefetchers and its first rank's steps), splits its files into
-at most one chunk per prefetcher (a chunk's files are fetched one after the
-other by one prefetcher: in aggregate, one event for several files), and the
-step is ready when its chunks are. Each rank's readers decode a ready step
+at most one chunk per file in flight (a chunk's files are fetched one after
+the other by one thread of a prefetcher: in aggregate, one event for several
+files), and the step is ready when its chunks are. A chunk waits on the
+source holding its file in flight only; its copy's CPU holds its prefetcher
+process too (``resources.Fetchers``). Each rank's readers decode a ready step
 once it is within ``read_ahead`` of the rank's position, and the rank's
 coordinator thread receives it (the rank's own CPU, one step at a time, in
 parallel with the training step); the rank waits for it (the stall), then
@@ -34,15 +36,22 @@ The stages begin ``node.startup_s`` into the job (the processes' start;
 the first epoch counts it), except ``direct`` reading. An open's latency
 is the profile's at the simulated time it starts
 (``filesystem.open_ms_changes``). With ``staging.prefetchers: auto`` each
-node's pool is resized by the engine's own tuner, fed in simulated time.
+node's pool is resized by the engine's own tuner, fed in simulated time:
+where it tunes the files in flight too (``dataset.requests_in_flight:
+auto``), its decisions are split threads first, as the engine splits them
+(``perf.split_slots``: a process is added only where the prefetchers were
+busy on their own CPU with cores to spare).
 """
 
 import numpy as np
 import simpy
 
 from .log import Log
-from .resources import Cores, Pool, SharedFS, hold, split_chunks
+from .resources import Cores, Fetchers, SharedFS, hold, split_chunks
 from ..engine.node.dispatch import AUTO_TASKS
+from ..engine.perf import split_slots
+from ..engine.perf.start import PROCESS_BUSY
+from ..engine.perf.tune import CORES_FULL
 from ..engine.tuning.deepening import Deepening
 
 
@@ -52,7 +61,7 @@ class Job:
     Args:
         profile: A ``Profile``.
         demand: A ``demand.Demand``.
-        prefetchers: Prefetchers per node (with ``tuner``, at start).
+        prefetchers: Prefetcher processes per node (with ``tuner``, at start).
         readers: Readers per rank.
         ahead: Steps the service is asked for past the slowest rank of the node.
         read_ahead: Steps decoded past a rank's position.
@@ -60,6 +69,11 @@ class Job:
         tuner: For ``staging.prefetchers: auto``, a callable returning a new
             ``engine.perf.Tuner`` for one node's pool: the engine's controller,
             replayed in simulated time; None: fixed prefetchers.
+        in_flight: Files each prefetcher fetches at once, in threads (at start).
+        threads: With ``tuner``, ``(most_in_flight, most_processes)`` where
+            the tuner sizes the files in flight (processes x threads, as
+            ``autocounts.PoolResizer`` with ``threads``); None: it sizes the
+            processes.
         deepest: For ``staging.lookahead: auto``, the deepest ``ahead`` may
             grow to (``engine.tuning.deepening``); None: ``ahead`` is fixed.
         every_node: Simulate every node in time, not only the tracked ones
@@ -68,7 +82,7 @@ class Job:
     """
 
     def __init__(self, profile, demand, prefetchers, readers, ahead, read_ahead, compute_s, tuner=None,
-                 deepest=None, every_node=False):
+                 deepest=None, every_node=False, in_flight=1, threads=None):
         self.env = env = simpy.Environment()
         self.demand = demand
         tracked = len(demand.tracked)
@@ -77,9 +91,10 @@ class Job:
         else:
             self.weights = np.bincount(np.arange(demand.nodes) % tracked, minlength=tracked).tolist()
         self.nodes = nodes = len(self.weights)
-        self.prefetchers, self.readers = prefetchers, readers
-        self.tuner = tuner
-        self.timelines = [[(0.0, prefetchers)] for _ in range(nodes)]  # (seconds, prefetchers) per node
+        self.prefetchers, self.readers, self.in_flight = prefetchers, readers, in_flight
+        self.tuner, self.threads = tuner, threads
+        # (seconds, prefetchers, files in flight each) per node
+        self.timelines = [[(0.0, prefetchers, in_flight)] for _ in range(nodes)]
         self.ahead, self.read_ahead, self.compute_s = ahead, read_ahead, compute_s
         self.deepening = [Deepening(ahead, deepest, None) if deepest and deepest > ahead else None
                           for _ in range(nodes)]
@@ -148,10 +163,10 @@ class Job:
     def _service(self, node, link, ready):
         env, rpn = self.env, self.demand.ranks_per_node
         d = self.demand.of(node)
-        pool = Pool(env, self.prefetchers)
+        fetchers = Fetchers(env, self.prefetchers, self.in_flight)
         tuner = self.tuner() if self.tuner is not None else None
         if tuner is not None:
-            env.process(self._control(node, pool, tuner, ready))
+            env.process(self._control(node, fetchers, tuner, ready))
         peer_threads = simpy.Resource(env, self.prefetchers)
         ranks = range(node * rpn, (node + 1) * rpn)
         deep = self.deepening[node]
@@ -161,23 +176,23 @@ class Job:
                 yield gate
             # As the engine splits them: an auto pool's tasks are finer (it may grow before they are taken).
             chunks = split_chunks(d.source_files[s], d.source_bytes[s],
-                             pool.size if tuner is None else max(pool.size, AUTO_TASKS))
+                                  fetchers.size if tuner is None else max(fetchers.size, AUTO_TASKS))
             if tuner is not None:
                 tuner.asked(int(d.source_files[s]), env.now)
-            jobs = [env.process(self._fetch(node, pool, link, f, b, tuner)) for f, b in chunks]
+            jobs = [env.process(self._fetch(node, fetchers, link, f, b, tuner)) for f, b in chunks]
             jobs += [env.process(self._peer(node, peer_threads, f, b))
                      for f, b in split_chunks(d.peer_files[s], d.peer_bytes[s], self.prefetchers)]
             if jobs:
-                env.process(self._when_all(jobs, ready[s], deep, pool))
+                env.process(self._when_all(jobs, ready[s], deep, fetchers.slots))
             else:
                 ready[s].succeed()
 
-    def _control(self, node, pool, tuner, ready):
+    def _control(self, node, fetchers, tuner, ready):
         """The engine's ``auto`` controller (``autocounts.PoolResizer``) in simulated time.
 
         It is fed what the engine feeds it (files asked, each task's files,
-        wall and CPU seconds) and the node's cores' load over its window,
-        and is asked as often as the service's loop would ask it.
+        wall, CPU and core-queue seconds) and the node's cores' load over its
+        window, and is asked as often as the service's loop would ask it.
         """
         env, cores = self.env, self.cores[node]
         mark = (env.now, cores.busy_s)
@@ -185,22 +200,38 @@ class Job:
             yield env.timeout(tuner.window_s / 4)
             if not tuner.due(env.now):
                 continue
-            span = (env.now - mark[0]) * cores.count
-            cores_busy = min(1.0, (cores.busy_s - mark[1]) / span) if span > 0 else None
+            elapsed = env.now - mark[0]
+            cores_busy = min(1.0, (cores.busy_s - mark[1]) / (elapsed * cores.count)) if elapsed > 0 else None
             mark = (env.now, cores.busy_s)
+            cpu_s = tuner.window()[1]
+            processes = fetchers.processes.size
+            # As the engine's resizer: the prefetchers busy on their own CPU, cores to spare.
+            cpu_bound = (self.threads is not None and cpu_s is not None and elapsed > 0 and cores_busy is not None
+                         and cores_busy < CORES_FULL and cpu_s / elapsed / processes >= PROCESS_BUSY)
             decision = tuner.decide(env.now, cores_busy)
-            if decision is not None and decision.count != pool.size:
-                pool.resize(decision.count)
-                tuner.count = pool.size
-                tuner.restart(env.now)
-                self.timelines[node].append((env.now, pool.size))
+            if decision is None or decision.count == fetchers.size:
+                continue
+            if self.threads is None:
+                processes, in_flight = decision.count, 1
+            else:
+                most_in_flight, most_processes = self.threads
+                growing = decision.count > fetchers.size
+                processes, in_flight = split_slots(decision.count, processes, cpu_bound and growing, most_in_flight,
+                                                   most_processes)
+            if (processes, in_flight) == (fetchers.processes.size, fetchers.in_flight):
+                tuner.count = fetchers.size
+                continue
+            fetchers.resize(processes, in_flight)
+            tuner.count = fetchers.size
+            tuner.restart(env.now)
+            self.timelines[node].append((env.now, processes, in_flight))
 
     def _stage_all(self, node, link, ready, files, nbytes):
         env = self.env
-        threads = Pool(env, self.prefetchers)
-        # In aggregate: each prefetcher's share in a few chunks, not file by file.
-        jobs = [env.process(self._fetch(node, threads, link, f, b))
-                for f, b in split_chunks(files, nbytes, 8 * self.prefetchers)]
+        fetchers = Fetchers(env, self.prefetchers, self.in_flight)
+        # In aggregate: each file in flight's share in a few chunks, not file by file.
+        jobs = [env.process(self._fetch(node, fetchers, link, f, b))
+                for f, b in split_chunks(files, nbytes, 8 * fetchers.size)]
         yield env.all_of(jobs)
         for event in ready:
             event.succeed()
@@ -218,16 +249,20 @@ class Job:
         if self.disk_byte_s and nbytes:
             yield self.env.process(hold(self.env, self.disks[node], nbytes * self.disk_byte_s))
 
-    def _fetch(self, node, pool, link, files, nbytes, tuner=None):
-        token = yield pool.store.get()
-        begin = self.env.now
-        yield self.env.process(self.fs.read(link, files, nbytes, self.weights[node]))
-        yield self.env.process(self._local(node, nbytes))
-        yield self.env.process(self.cores[node].run(files * self.copy_s))
-        yield pool.store.put(token)
+    def _fetch(self, node, fetchers, link, files, nbytes, tuner=None):
+        env = self.env
+        slot = yield fetchers.slots.store.get()
+        begin = env.now
+        yield env.process(self.fs.read(link, files, nbytes, self.weights[node]))
+        yield env.process(self._local(node, nbytes))
+        process = yield fetchers.processes.store.get()
+        queued = yield env.process(self.cores[node].run(files * self.copy_s))
+        yield fetchers.processes.store.put(process)
+        yield fetchers.slots.store.put(slot)
         if tuner is not None:
-            tuner.finished(files, self.env.now - begin, files * self.copy_s)
-        return self.env.now - begin
+            # With the run queue's delay, as the engine's prefetchers read it (``perf.clock``).
+            tuner.finished(files, env.now - begin, files * self.copy_s, queued)
+        return env.now - begin
 
     def _peer(self, node, threads, files, nbytes):
         with threads.request() as req:

@@ -45,9 +45,10 @@ def text(result):
     changes = [(method, m["counts_timeline"]) for method, m in result["methods"].items()
                if len(m.get("counts_timeline", ())) > 1]
     if changes:
-        lines += ["", "node 0's counts changed by auto (seconds: prefetchers, look-ahead):"]
+        lines += ["", "node 0's counts changed by auto (seconds: prefetchers x files in flight each, look-ahead):"]
         for method, timeline in changes:
-            cells = ", ".join(f"{c['t']:.2f}: {c['prefetchers']}, {c.get('lookahead', '-')}" for c in timeline)
+            cells = ", ".join(f"{c['t']:.2f}: {c['prefetchers']} x {c.get('in_flight', 1)}, {c.get('lookahead', '-')}"
+                              for c in timeline)
             lines.append(f"  {METHOD_NAMES.get(method, method):24s} {cells}")
     return "\n".join(lines)
 

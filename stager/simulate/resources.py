@@ -1,8 +1,9 @@
 """What the simulated nodes queue for (SimPy): cores, prefetcher tokens, the shared file system.
 
 ``des.Job`` drives these; each is a resource with the engine's rule for it
-(a CPU burst holds a core; a task holds a prefetcher for its whole fetch; a
-read goes through the metadata queue and the bandwidths at once).
+(a CPU burst holds a core; a task holds a file in flight for its whole
+fetch, and a prefetcher process for its copy's CPU; a read goes through the
+metadata queue and the bandwidths at once).
 """
 
 import simpy
@@ -20,12 +21,16 @@ class Cores:
         self.busy_s = 0.0  # core seconds of the bursts begun so far (the controller's load reading)
 
     def run(self, seconds):
+        """Holds a core for ``seconds``; returns the seconds queued for it first (a run queue's delay)."""
         if seconds <= 0:
-            return
+            return 0.0
+        asked = self.env.now
         with self.pool.request() as req:
             yield req
+            queued = self.env.now - asked
             self.busy_s += seconds
             yield self.env.timeout(seconds)
+        return queued
 
 
 class Pool:
@@ -52,6 +57,32 @@ class Pool:
         for _ in range(size, self.size):
             self._leaving.append(self.store.get())  # granted when a worker is free; that worker then leaves
         self.size = size
+
+
+class Fetchers:
+    """A node's prefetchers: ``processes``, each keeping ``in_flight`` files in flight in threads.
+
+    A task holds a file in flight (``slots``) for its whole fetch, since a
+    thread waiting on the source costs no core; its copy's CPU also holds a
+    process (``processes``), since a process's threads share one core's
+    worth of it. With one file in flight a process, the two are one pool
+    (each task then finds a process free).
+    """
+
+    def __init__(self, env, processes, in_flight=1):
+        self.in_flight = in_flight
+        self.slots = Pool(env, processes * in_flight)
+        self.processes = Pool(env, processes)
+
+    @property
+    def size(self):
+        """Files in flight: processes x threads."""
+        return self.slots.size
+
+    def resize(self, processes, in_flight):
+        self.processes.resize(processes)
+        self.slots.resize(processes * in_flight)
+        self.in_flight = in_flight
 
 
 def hold(env, resource, seconds):

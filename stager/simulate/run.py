@@ -22,8 +22,9 @@ from .des import Job
 from .optimum import job_optimum
 from .report import KIND
 from ..cache import MAX_DEPTH, fitting_depth, lookahead_depth, parse_capacity, policy_name
-from ..engine.perf import Rates, Tuner, choose_counts
-from ..engine.tuning.autocounts import prefetcher_limit, source_limit
+from ..engine.perf import MAX_IN_FLIGHT, Rates, Tuner, choose_counts, start_split
+from ..engine.perf.start import START_IN_FLIGHT
+from ..engine.tuning.autocounts import AutoFetch, prefetcher_limit, tunes_in_flight
 from ..errors import ConfigError
 from ..plan import PlanSpec
 from ..plan.shuffles import algorithm
@@ -110,11 +111,18 @@ def simulate(cfg, profile, layout, sizes, to_files=None, containers=None, method
         raise ConfigError("stager simulate needs plan.epochs above 0")
     staging, reader = cfg.staging, cfg.reader
     auto = None
+    threads = tunes_in_flight(staging, cfg.dataset)
     if "auto" in (staging.prefetchers, reader.workers):
-        auto = _auto_counts(profile, sizes, spec.batch_size)
+        auto = _auto_counts(profile, sizes, spec.batch_size, threads)
     prefetchers = auto[0] if staging.prefetchers == "auto" else _count(staging.prefetchers, "staging.prefetchers")
-    readers = auto[1] if reader.workers == "auto" else _count(reader.workers, "reader.workers")
-    tuner = auto[2] if staging.prefetchers == "auto" else None
+    readers = auto[2] if reader.workers == "auto" else _count(reader.workers, "reader.workers")
+    tuner = auto[3] if staging.prefetchers == "auto" else None
+    # A shared file system's files in flight a prefetcher: as the engine's posix source has them.
+    if threads:
+        in_flight = auto[1]
+    else:
+        asked = cfg.dataset.requests_in_flight
+        in_flight = 1 if asked in (None, "auto") else _count(asked, "dataset.requests_in_flight")
     read_ahead = reader.ahead or 2 * readers
     capacity = capacity_bytes(staging, profile, int(sizes.sum()))
     ahead = max(lookahead_depth(staging.lookahead), read_ahead)
@@ -127,7 +135,8 @@ def simulate(cfg, profile, layout, sizes, to_files=None, containers=None, method
     out = {"kind": KIND, "nodes": layout.nodes, "ranks_per_node": layout.ranks_per_node, "samples": samples, "files": len(sizes),
            "dataset_bytes": int(sizes.sum()), "epochs": spec.epochs, "batch_size": spec.batch_size,
            "capacity": capacity, "policy": policy_name(staging.cache_policy, capacity), "peers": staging.peers,
-           "prefetchers": prefetchers, "readers": readers, "lookahead": ahead, "compute_ms": compute_ms,
+           "prefetchers": prefetchers, "in_flight": in_flight, "readers": readers, "lookahead": ahead,
+           "compute_ms": compute_ms,
            "tracked": layout.tracked or layout.nodes, "profile": profile.to_dict(), "methods": {}}
     demands = {}
 
@@ -153,7 +162,8 @@ def simulate(cfg, profile, layout, sizes, to_files=None, containers=None, method
             d = demand(None, method == "unbounded" and peers)
         mode = {"direct": "direct", "stage-all": "stage-all"}.get(method, "staged")
         job = Job(profile, d, prefetchers, readers, ahead, read_ahead, compute_ms / 1e3,
-                  tuner if mode == "staged" else None, deepest if mode == "staged" else None, layout.every_node)
+                  tuner if mode == "staged" else None, deepest if mode == "staged" else None, layout.every_node,
+                  in_flight, auto[4] if tuner is not None and threads else None)
         log = job.run(mode, (len(sizes), int(sizes.sum())), progress)
         out["methods"][method] = _summary(method, d, log, layout, samples, begin)
         if mode == "staged":
@@ -166,36 +176,57 @@ def simulate(cfg, profile, layout, sizes, to_files=None, containers=None, method
 
 def _timeline(job, readers):
     """Node 0's counts over the run, in the engine's report's shape (the readers are not resized here)."""
-    changes = sorted([(t, "prefetchers", n) for t, n in job.timelines[0][1:]] +
-                     [(t, "lookahead", n) for t, n in job.depths[0][1:]])
-    row = {"t": 0.0, "prefetchers": job.timelines[0][0][1], "in_flight": 1, "readers": readers,
+    changes = sorted([(t, {"prefetchers": n, "in_flight": k}) for t, n, k in job.timelines[0][1:]] +
+                     [(t, {"lookahead": n}) for t, n in job.depths[0][1:]], key=lambda change: change[0])
+    _, prefetchers, in_flight = job.timelines[0][0]
+    row = {"t": 0.0, "prefetchers": prefetchers, "in_flight": in_flight, "readers": readers,
            "lookahead": job.depths[0][0][1]}
     rows = [dict(row)]
-    for t, key, n in changes:
-        row.update({"t": round(t, 4), key: n})
+    for t, counts in changes:
+        row.update({"t": round(t, 4), **counts})
         rows.append(dict(row))
     return rows
 
 
-def _auto_counts(profile, sizes, batch_size):
+def _auto_counts(profile, sizes, batch_size, threads):
     """``auto``'s counts at start on a profile's node, and a factory of its tuner for one node's pool.
 
     The probe's figures come from the profile (the latency at start, the
     client's bandwidth, the costs per file), so the start is what the engine
     would choose there; the tuner then follows the simulated rates.
+
+    Args:
+        threads: Whether the files in flight are tuned too
+            (``autocounts.tunes_in_flight``): the start is split threads
+            first and the tuner sizes files in flight, as the engine's.
+
+    Returns:
+        ``(prefetchers, in_flight, readers, tuner, split)``: ``split`` is
+        ``Job``'s ``threads`` (None where the files in flight are not tuned).
     """
     fs, c = profile.filesystem, profile.costs
     rates = Rates(open_s=fs.open_ms / 1e3, bandwidth=fs.client_mbps * 1e6, copy_s=c.copy_ms / 1e3,
                   read_s=c.read_ms / 1e3, batch_s=c.batch_ms / 1e3, file_bytes=float(np.mean(sizes)),
                   main_s=c.main_ms / 1e3, batch_size=batch_size, cores=profile.node.cores)
-    prefetchers, readers = choose_counts(rates)
+    slots, readers = choose_counts(rates)
     cores = max(1, int(round(profile.node.cores)))
+    most_processes = prefetcher_limit(rates)
+    if not threads:
+        fetch = AutoFetch.of(rates, None, 1)
 
-    def tuner():
-        return Tuner(prefetchers, 1, max(prefetcher_limit(rates), prefetchers), limit=source_limit(rates),
-                     cores=cores)
+        def processes():
+            return Tuner(slots, 1, max(fetch.limit, slots), limit=fetch.source_limit, cores=cores)
 
-    return prefetchers, readers, tuner
+        return slots, 1, readers, processes, None
+    prefetchers, in_flight = start_split(slots, rates, MAX_IN_FLIGHT, most_processes)
+    fetch = AutoFetch.of(rates, in_flight, MAX_IN_FLIGHT)
+    high = max(fetch.limit, prefetchers)
+
+    def files_in_flight():  # as ``autocounts.PoolResizer`` builds it with ``threads``
+        size = prefetchers * in_flight
+        return Tuner(size, min(size, START_IN_FLIGHT), high * MAX_IN_FLIGHT, limit=fetch.source_limit, cores=cores)
+
+    return prefetchers, in_flight, readers, files_in_flight, (MAX_IN_FLIGHT, high)
 
 
 def _summary(method, demand, log, layout, samples, begin):
