@@ -5,7 +5,11 @@ under the watched directories (the FUSE emulator's opens of the backing
 files included). inotify merges an event into the previous one when they
 are identical and the previous is still unread, so closes are watched too
 (a file opened again after its close gives OPEN, CLOSE, OPEN: nothing to
-merge) and a thread drains the events as they come.
+merge) and a thread drains the events as they come. Two opens of one file
+at the same moment (two emulated nodes' fetches, each let through after
+the emulator's latency) still give OPEN, OPEN; their closes rarely come
+together too, so a file's count is the larger of its opens and its closes
+seen: never more than it was opened.
 """
 
 import collections
@@ -29,6 +33,7 @@ class Opens:
     def __init__(self, root):
         self.root = os.path.abspath(root)
         self.counts = collections.Counter()
+        self.closes = collections.Counter()  # a merged OPEN's close still counts it
         self._libc = ctypes.CDLL(None, use_errno=True)
         self._dirs = {}
         self._lock = threading.Lock()
@@ -59,8 +64,13 @@ class Opens:
                     wd, mask, _, length = _EVENT.unpack_from(data, at)
                     name = data[at + _EVENT.size:at + _EVENT.size + length].rstrip(b"\0").decode()
                     at += _EVENT.size + length
-                    if mask & _IN_OPEN and not mask & _IN_ISDIR and name:
-                        self.counts[os.path.normpath(os.path.join(self._dirs[wd], name))] += 1
+                    if mask & _IN_ISDIR or not name:
+                        continue
+                    path = os.path.normpath(os.path.join(self._dirs[wd], name))
+                    if mask & _IN_OPEN:
+                        self.counts[path] += 1
+                    if mask & _IN_CLOSE_NOWRITE:
+                        self.closes[path] += 1
 
     def _drain_until_stopped(self):
         while self._stop[0] not in select.select([self._fd, self._stop[0]], [], [])[0]:
@@ -70,7 +80,7 @@ class Opens:
         """Reads what is queued; returns the ``Counter`` so far (relative path -> opens)."""
         self._drain()
         with self._lock:
-            return collections.Counter(self.counts)
+            return collections.Counter({path: max(n, self.closes[path]) for path, n in self.counts.items()})
 
     def __exit__(self, *exc):
         os.write(self._stop[1], b"x")
