@@ -8,8 +8,9 @@
 # virtual environment in .venv/ at the repository root, and stager installed
 # in it (editable) with the mpich wheel, Chainer, torchvision, matplotlib (for
 # `stager bench`), Lightning and Accelerate (the stacks the PyTorch front end
-# is tested under), DLIO (MLPerf Storage's benchmark engine), MkDocs (the
-# documentation site) and the test tools.
+# is tested under), DLIO (MLPerf Storage's benchmark engine), MosaicML
+# Streaming (`dataset.format: mds`, whose tests write shards with Streaming's
+# own writer), MkDocs (the documentation site) and the test tools.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -51,7 +52,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_CONSTRAINT="$PWD/constraints.txt"
 export PIP_BUILD_CONSTRAINT="$PWD/constraints.txt" SETUPTOOLS_USE_DISTUTILS=stdlib
 .venv/bin/python -m pip install -q --upgrade pip "setuptools>=77.0.3,<81" wheel
 echo "bootstrap: installing stager and its dependencies into .venv"
-.venv/bin/python -m pip install -q -e ".[mpich,test,chainer,vision,bench,s3,stacks,docs,dlio]"
+.venv/bin/python -m pip install -q -e ".[mpich,test,chainer,vision,bench,s3,stacks,docs,dlio,mds]"
 # A .pth file in the venv's site-packages runs one line at the start of every
 # interpreter of this venv. import_hook NAME MODULE CHECK WHY writes NAME.pth,
 # which calls MODULE.install(), only where the Python statement CHECK fails

@@ -14,6 +14,7 @@ Each method is the same plan on the same machine read another way:
 import math
 import time
 from dataclasses import dataclass, replace
+from typing import Callable, Optional, Tuple
 
 import numpy as np
 
@@ -54,6 +55,26 @@ class Layout:
     def __post_init__(self):
         if self.nodes < 1 or self.ranks_per_node < 1 or (self.tracked is not None and self.tracked < 1):
             raise ConfigError("stager simulate: --nodes, --ranks-per-node and --tracked must be at least 1")
+
+
+@dataclass(frozen=True)
+class AutoStart:
+    """``auto``'s counts at start on a profile's node, and how its tuner is made.
+
+    Attributes:
+        prefetchers: Prefetcher processes at start.
+        in_flight: Files in flight each prefetcher keeps at start.
+        readers: Readers per rank.
+        tuner: Makes one node's tuner (``Tuner``), fresh for each node.
+        split: ``Job``'s ``threads``, ``(files in flight at most a process,
+            processes at most)``; None where only processes are tuned.
+    """
+
+    prefetchers: int
+    in_flight: int
+    readers: int
+    tuner: Callable[[], Tuner]
+    split: Optional[Tuple[int, int]]
 
 
 def _count(value, key):
@@ -114,12 +135,13 @@ def simulate(cfg, profile, layout, sizes, to_files=None, containers=None, method
     threads = tunes_in_flight(staging, cfg.dataset)
     if "auto" in (staging.prefetchers, reader.workers):
         auto = _auto_counts(profile, sizes, spec.batch_size, threads)
-    prefetchers = auto[0] if staging.prefetchers == "auto" else _count(staging.prefetchers, "staging.prefetchers")
-    readers = auto[2] if reader.workers == "auto" else _count(reader.workers, "reader.workers")
-    tuner = auto[3] if staging.prefetchers == "auto" else None
+    prefetchers = (auto.prefetchers if staging.prefetchers == "auto"
+                   else _count(staging.prefetchers, "staging.prefetchers"))
+    readers = auto.readers if reader.workers == "auto" else _count(reader.workers, "reader.workers")
+    tuner = auto.tuner if staging.prefetchers == "auto" else None
     # A shared file system's files in flight a prefetcher: as the engine's posix source has them.
     if threads:
-        in_flight = auto[1]
+        in_flight = auto.in_flight
     else:
         asked = cfg.dataset.requests_in_flight
         in_flight = 1 if asked in (None, "auto") else _count(asked, "dataset.requests_in_flight")
@@ -163,7 +185,7 @@ def simulate(cfg, profile, layout, sizes, to_files=None, containers=None, method
         mode = {"direct": "direct", "stage-all": "stage-all"}.get(method, "staged")
         job = Job(profile, d, prefetchers, readers, ahead, read_ahead, compute_ms / 1e3,
                   tuner if mode == "staged" else None, deepest if mode == "staged" else None, layout.every_node,
-                  in_flight, auto[4] if tuner is not None and threads else None)
+                  in_flight, auto.split if tuner is not None and threads else None)
         log = job.run(mode, (len(sizes), int(sizes.sum())), progress)
         out["methods"][method] = _summary(method, d, log, layout, samples, begin)
         if mode == "staged":
@@ -189,7 +211,7 @@ def _timeline(job, readers):
 
 
 def _auto_counts(profile, sizes, batch_size, threads):
-    """``auto``'s counts at start on a profile's node, and a factory of its tuner for one node's pool.
+    """``auto``'s start on a profile's node (an ``AutoStart``).
 
     The probe's figures come from the profile (the latency at start, the
     client's bandwidth, the costs per file), so the start is what the engine
@@ -199,10 +221,6 @@ def _auto_counts(profile, sizes, batch_size, threads):
         threads: Whether the files in flight are tuned too
             (``autocounts.tunes_in_flight``): the start is split threads
             first and the tuner sizes files in flight, as the engine's.
-
-    Returns:
-        ``(prefetchers, in_flight, readers, tuner, split)``: ``split`` is
-        ``Job``'s ``threads`` (None where the files in flight are not tuned).
     """
     fs, c = profile.filesystem, profile.costs
     rates = Rates(open_s=fs.open_ms / 1e3, bandwidth=fs.client_mbps * 1e6, copy_s=c.copy_ms / 1e3,
@@ -217,7 +235,7 @@ def _auto_counts(profile, sizes, batch_size, threads):
         def processes():
             return Tuner(slots, 1, max(fetch.limit, slots), limit=fetch.source_limit, cores=cores)
 
-        return slots, 1, readers, processes, None
+        return AutoStart(slots, 1, readers, processes, None)
     prefetchers, in_flight = start_split(slots, rates, MAX_IN_FLIGHT, most_processes)
     fetch = AutoFetch.of(rates, in_flight, MAX_IN_FLIGHT)
     high = max(fetch.limit, prefetchers)
@@ -226,7 +244,7 @@ def _auto_counts(profile, sizes, batch_size, threads):
         size = prefetchers * in_flight
         return Tuner(size, min(size, START_IN_FLIGHT), high * MAX_IN_FLIGHT, limit=fetch.source_limit, cores=cores)
 
-    return prefetchers, in_flight, readers, files_in_flight, (MAX_IN_FLIGHT, high)
+    return AutoStart(prefetchers, in_flight, readers, files_in_flight, (MAX_IN_FLIGHT, high))
 
 
 def _summary(method, demand, log, layout, samples, begin):
