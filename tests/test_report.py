@@ -25,10 +25,10 @@ def env_for(tmp_path):
     return dict(os.environ, TMPDIR=str(tmp_path), PYTHONPATH=path)
 
 
-def write_job(directory, *, open_ms, prefetchers, compute_ms, samples=120, epochs=1):
+def write_job(directory, *, open_ms, prefetchers, compute_ms, samples=120, epochs=1, in_flight=1):
     directory.mkdir(exist_ok=True)
     (directory / "job.yaml").write_text(f"""
-dataset: {{source: data, manifest: manifest.tsv}}
+dataset: {{source: data, manifest: manifest.tsv, requests_in_flight: {in_flight}}}
 synthetic: {{samples: {samples}, bytes: 3000}}
 slowfs: {{enabled: true, open_ms: {open_ms}}}
 plan: {{batch_size: 8, epochs: {epochs}, seed: 5}}
@@ -126,6 +126,23 @@ def test_advice_names_the_source_when_it_is_slow_and_the_step_when_it_is_not(run
     verdict = judge(compute)
     assert verdict.bottleneck == "compute", (verdict, compute["steady_stall_fraction"])
     assert compute["steady_stall_fraction"] < 0.05
+
+
+def test_a_prefetcher_keeping_files_in_flight_is_accounted_by_its_slots(tmp_path):
+    # One process fetching 8 files at once: its busy seconds are summed over 8 slots, never over 1.
+    out = stager_run(tmp_path / "threads", open_ms=30, prefetchers=1, compute_ms=1, in_flight=8)
+    report = json.loads(out.read_text())
+    p = report["stages"]["prefetch"]
+    assert (p["workers"], p["in_flight"], p["slots"]) == (1, 8, 8)
+    assert p["files"] == 120 and p["seconds_per_file"] >= 0.03
+    assert 0 < p["utilization"] <= 1.0, p
+    assert p["capacity_files_per_s"] == pytest.approx(8 / p["seconds_per_file"], rel=1e-3)
+    proc = subprocess.run(stager_cmd("report", str(out)), capture_output=True, text=True, timeout=120,
+                          env=env_for(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    row = next(line.split() for line in proc.stdout.splitlines() if line.strip().startswith("prefetch "))
+    assert row[1:4] == ["1", "x", "8/node"], row
+    assert f"{p['capacity_files_per_s']:,.1f}" in proc.stdout
 
 
 def test_report_prints_the_summary_and_draws_every_plot(runs, tmp_path):

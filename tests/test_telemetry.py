@@ -93,6 +93,28 @@ def test_a_resized_prefetch_pool_is_accounted_by_its_mean_size_over_the_staging_
     assert account(quiet, rank=0, node="n", readers=2, prefetchers=3)["stages"]["prefetch"]["workers"] == 3
 
 
+def test_a_prefetcher_keeping_files_in_flight_is_accounted_by_its_slots():
+    from stager.telemetry.accounting import _product, account, job_stages
+
+    # 2 processes x 4 files, then 3 x 4 at 1 s, then 3 x 8 at 2 s.
+    assert _product(2, [(1.0, 3)], 4, [(2.0, 8)]) == [(1.0, 12), (2.0, 24)]
+    log = tm.Telemetry()
+    log.record(tm.QUEUED, 0, 8)
+    # 8 files of 0.5 s each, fetched 4 at a time by one process: 4 busy seconds in 1 s of wall time.
+    log.record(tm.TASK, 0, 8, 4.0)
+    p = account(log, rank=0, node="n", readers=2, prefetchers=1, in_flight=4)["stages"]["prefetch"]
+    assert (p["workers"], p["in_flight"], p["slots"]) == (1, 4, 4)
+    assert p["seconds_per_file"] == 0.5
+    # All 4 slots busy deliver 4 files each 0.5 s: 8 files/s, not the 2 of one process taking a file at a time.
+    record = account(log, rank=0, node="n", readers=2, prefetchers=1, in_flight=4)
+    assert job_stages([record])["prefetch"]["capacity_files_per_s"] == 8.0
+    # A files-in-flight change (auto) moves the slots' mean, not the processes'.
+    log.record(tm.RESIZED, tm.POOL_IN_FLIGHT, 16, 0.01)
+    log.record(tm.TASK, 0, 8, 1.0)
+    p = account(log, rank=0, node="n", readers=2, prefetchers=1, in_flight=4)["stages"]["prefetch"]
+    assert p["workers"] == 1 and 4 <= p["in_flight"] <= 16 and p["slots"] == p["in_flight"]
+
+
 def test_per_file_events_keep_a_bounded_window_and_their_totals_stay_exact():
     """A long run's per-file events (one per file per epoch) must not grow the log without end: each thread
     keeps its latest, the older ones are counted, and the accounting's totals are those of every event."""

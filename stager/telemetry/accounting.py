@@ -10,7 +10,10 @@ per rank:
   (before the first ``next()`` and after the last), so the three add up to
   the loop's wall time;
 - each stage's busy time (readers: ``READ``; on the node leader the node's
-  prefetchers: ``TASK``), its work (files, bytes, samples) and its rate;
+  prefetchers: ``TASK``), its work (files, bytes, samples) and its rate. A
+  prefetcher's busy time is the sum of its files' fetch times, several at
+  once where it keeps several files in flight: its slots are prefetchers x
+  files in flight;
 - the depth of the queues between the stages, as a time-weighted mean and
   maximum over the loop;
 - a timeline in ``BINS`` bins from the pipeline's creation: the fraction of
@@ -103,7 +106,16 @@ def _mean_size(start, changes, begin, end):
     return (total + size * (end - at)) / (end - begin)
 
 
-def account(telemetry, *, rank, node, readers, prefetchers=None, loop_begin=None, loop_end=None):
+def _product(start_a, a_changes, start_b, b_changes):
+    """The changes of ``a x b``, where ``a`` starts at ``start_a`` and changes at ``a_changes`` (``(t, size)``), ``b`` likewise."""
+    a, b, out = start_a, start_b, []
+    for t, which, size in sorted([(t, 0, size) for t, size in a_changes] + [(t, 1, size) for t, size in b_changes]):
+        a, b = (size, b) if which == 0 else (a, size)
+        out.append((t, a * b))
+    return out
+
+
+def account(telemetry, *, rank, node, readers, prefetchers=None, in_flight=1, loop_begin=None, loop_end=None):
     """One rank's accounting, from its ``Telemetry``.
 
     Args:
@@ -115,6 +127,9 @@ def account(telemetry, *, rank, node, readers, prefetchers=None, loop_begin=None
             prefetchers at start; None elsewhere. A pool resized while
             running (``RESIZED`` events) is reported by its mean size over
             the staging time.
+        in_flight: Files each prefetcher fetches at once at start
+            (``dataset.requests_in_flight`` resolved); resized while running
+            (``POOL_IN_FLIGHT`` events) likewise.
         loop_begin: ``time.monotonic()`` when the training loop began; default:
             its first ``next()``.
         loop_end: ``time.monotonic()`` when it ended; default: the ``next()``
@@ -137,7 +152,9 @@ def account(telemetry, *, rank, node, readers, prefetchers=None, loop_begin=None
     queued = of(tm.QUEUED, t, b, value)
     needed, ready, delivered = of(tm.NEEDED, t), of(tm.READY, t), of(tm.DELIVERED, t)
     finished = of(tm.FINISHED, t, value)
-    resized = [(at, size) for at, pool, size in of(tm.RESIZED, t, a, b) if pool == tm.POOL_PREFETCH]
+    changes = of(tm.RESIZED, t, a, b)
+    resized = [(at, size) for at, pool, size in changes if pool == tm.POOL_PREFETCH]
+    threads = [(at, size) for at, pool, size in changes if pool == tm.POOL_IN_FLIGHT]
     finished = finished[0] if finished else None
     # One event per file: the log keeps only the latest, its totals count them all.
     # PRESENT is a copy found already there, NO_SPACE one not kept; 0 bytes is an empty file copied.
@@ -201,16 +218,23 @@ def account(telemetry, *, rank, node, readers, prefetchers=None, loop_begin=None
         files = sum(b for _, b, _ in tasks)
         active_from = queued[0][0] if queued else 0.0
         active = max((tasks[-1][0] - active_from) if tasks else 0.0, 0.0)
-        if resized:  # a pool that grew and shrank (``auto``): its mean size over the staging time
-            prefetchers = round(_mean_size(prefetchers, resized, active_from, active_from + active), 1)
+        in_flight = in_flight or 1
+        # Busy time is summed over the files in flight: the stage's slots are processes x files in flight.
+        slots = prefetchers * in_flight
+        if resized or threads:  # pools that grew and shrank (``auto``): their mean sizes over the staging time
+            window = (active_from, active_from + active)
+            slots = round(_mean_size(slots, _product(prefetchers, resized, in_flight, threads), *window), 1)
+            prefetchers = round(_mean_size(prefetchers, resized, *window), 1) if resized else prefetchers
+            in_flight = round(_mean_size(in_flight, threads, *window), 1) if threads else in_flight
         stages["prefetch"] = {
-            "workers": prefetchers, "busy_s": _r(busy), "idle_s": _r(max(prefetchers * active - busy, 0.0)),
+            "workers": prefetchers, "in_flight": in_flight, "slots": slots, "busy_s": _r(busy),
+            "idle_s": _r(max(slots * active - busy, 0.0)),
             "tasks": len(tasks), "files": files,
             "files_from_source": staged_files, "bytes": staged_bytes + peer_bytes, "bytes_from_source": staged_bytes,
             "files_from_peers": peer_files, "files_present": present, "active_s": _r(active),
             "seconds_per_file": _r(busy / files) if files else 0.0,
-            "utilization": _r(busy / (prefetchers * active)) if prefetchers and active > 0 else 0.0}
-        timeline["prefetch_busy"] = [_r(v / width / max(prefetchers, 1))
+            "utilization": _r(busy / (slots * active)) if slots and active > 0 else 0.0}
+        timeline["prefetch_busy"] = [_r(v / width / max(slots, 1))
                                      for v in _interval_bins([(t - v, t) for t, _, v in tasks], width, BINS)]
         queue("prefetch_tasks", [(t, b) for t, b, _ in queued] + [(t, -1) for t, _, _ in tasks])
 
@@ -242,9 +266,11 @@ def job_stages(records):
         busy = sum(p["busy_s"] for p in leaders)
         files = sum(p["files"] for p in leaders)
         workers = max(p["workers"] for p in leaders)
+        slots = [p.get("slots", p["workers"]) for p in leaders]  # reports before files in flight were slots
         spf = busy / files if files else 0.0
         out["prefetch"] = {
-            "nodes": len(leaders), "workers": workers, "busy_s": _r(busy),
+            "nodes": len(leaders), "workers": workers, "in_flight": max(p.get("in_flight", 1) for p in leaders),
+            "slots": max(slots), "busy_s": _r(busy),
             "idle_s": _r(sum(p["idle_s"] for p in leaders)), "tasks": sum(p["tasks"] for p in leaders),
             "files": files, "bytes": sum(p["bytes"] for p in leaders),
             "files_from_source": sum(p["files_from_source"] for p in leaders),
@@ -255,8 +281,8 @@ def job_stages(records):
             "seconds_per_file": _r(spf),
             "bytes_per_file": _r(sum(p["bytes"] for p in leaders) / files) if files else 0.0,
             "files_per_s": _r(sum(p["files"] / p["active_s"] for p in leaders if p["active_s"] > 0)),
-            "capacity_files_per_s": _r(sum(p["workers"] for p in leaders) / spf) if spf else 0.0,
-            "utilization": _r(busy / sum(p["workers"] * p["active_s"] for p in leaders))
+            "capacity_files_per_s": _r(sum(slots) / spf) if spf else 0.0,
+            "utilization": _r(busy / sum(n * p["active_s"] for n, p in zip(slots, leaders)))
             if any(p["active_s"] > 0 for p in leaders) else 0.0}
     reads = [r["stages"]["read"] for r in records]
     busy = sum(x["busy_s"] for x in reads)

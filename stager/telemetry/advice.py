@@ -77,7 +77,8 @@ def _fetch_pressure(report):
         p = n["prefetch"]
         if not p or not p["files"] or not p["seconds_per_file"] or not n["samples"]:
             continue
-        capacity = p["workers"] / p["seconds_per_file"]
+        # Files in flight fetch at once: every slot (prefetchers x files in flight) delivers a file a seconds_per_file.
+        capacity = p.get("slots", p["workers"]) / p["seconds_per_file"]
         demand = n["demand_samples_per_s"] * p["files"] / n["samples"]
         out.append((node, p["workers"], capacity, demand))
     return out

@@ -25,7 +25,8 @@ kind           a                    b                   value
 ``NEEDED``     rank's minibatch seq  files in it        0
 ``QUEUED``     first task id        tasks queued        files missing
 ``STAGED``     catalog index        bytes (-2: present) epoch of the task
-``TASK``       task id              files in it         prefetcher seconds
+``TASK``       task id              files in it         prefetcher seconds (files
+                                                         fetched at once: each one's)
 ``READY``      seq                  0                   prefetch seconds for it
 ``READ``       seq                  samples             reader seconds
 ``DELIVERED``  seq                  samples             0
@@ -37,7 +38,8 @@ kind           a                    b                   value
 ``SERVED``     catalog index        bytes (0: missing)  the asking peer's epoch
 ``FINISHED``   minibatches consumed  0                  seconds the consumer waited
 ``RESIZED``    0 prefetch, 1 read,  the pool's new size  measured seconds per item
-               2 look-ahead         (look-ahead: depth)  (look-ahead: fetch span)
+               2 look-ahead,        (look-ahead: depth)  (look-ahead: fetch span)
+               3 files in flight
 ``LOCAL``      epoch                bytes read locally  samples read locally
 ``FALLBACK``   catalog index        bytes               epoch (read from the source: its holder stalled)
 ``GROUP``      what (below)         files or samples    bytes (files) or 0

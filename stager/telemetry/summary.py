@@ -142,7 +142,9 @@ def render(report, plots=()):
     rows = []
     if "prefetch" in st:
         p = st["prefetch"]
-        rows.append(("prefetch", f"{p['workers']}/node", f"{p['busy_s']:.2f}", f"{p['utilization']:.0%}",
+        k = p.get("in_flight", 1)  # files each prefetcher keeps in flight; busy is summed over them
+        rows.append(("prefetch", f"{p['workers']}{'' if k == 1 else f' x {k}'}/node", f"{p['busy_s']:.2f}",
+                     f"{p['utilization']:.0%}",
                      f"{p['files_per_s']:,.1f} files/s", f"{p['capacity_files_per_s']:,.1f} files/s",
                      f"{p['seconds_per_file'] * 1e3:.2f} ms/file"))
     r = st["read"]

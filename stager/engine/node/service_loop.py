@@ -269,7 +269,8 @@ class ServiceLoop:
         assert isinstance(msg, Staged), msg
         telemetry, cache = self.s.telemetry, self.cache
         self.dispatch.finished(msg)
-        telemetry.record(tm.TASK, msg.task, len(msg.done), msg.seconds)
+        # Files fetched at once each count their own time: the stage's busy seconds are per slot.
+        telemetry.record(tm.TASK, msg.task, len(msg.done), msg.seconds if msg.busy_s is None else msg.busy_s)
         on_staged = self.s.on_staged
         full = [index for index, nbytes in msg.done if nbytes == NO_SPACE]
         if self.s.peers is not None:

@@ -281,7 +281,7 @@ class Pipeline(Startup):
         leader = self._staging.enabled and self._ch.service is not None
         return account(self.stats.telemetry, rank=self.world.rank, node=self.world.node,
                        readers=self._reader.workers, prefetchers=self._staging.prefetchers if leader else None,
-                       loop_begin=loop_begin, loop_end=loop_end)
+                       in_flight=self._in_flight, loop_begin=loop_begin, loop_end=loop_end)
 
     def __enter__(self):
         return self.start()
