@@ -145,6 +145,20 @@ def test_a_prefetcher_keeping_files_in_flight_is_accounted_by_its_slots(tmp_path
     assert f"{p['capacity_files_per_s']:,.1f}" in proc.stdout
 
 
+def test_a_loop_waiting_on_stages_that_keep_up_is_told_to_ask_beyond_the_depth_auto_reached(runs):
+    report = load_report(str(runs["source"]))
+    assert report["steady_stall_fraction"] > 0.5
+    for node in report["nodes_accounting"].values():  # prefetchers that could deliver far more than the demand
+        node["prefetch"]["slots"] = 10_000
+    verdict = judge(report)
+    assert verdict.bottleneck == "lookahead", verdict
+    assert verdict.advice == ["ask further ahead: staging.lookahead: 8 (now 4)"]
+    report["config"]["staging"]["lookahead"] = "auto"
+    first = report["counts_timeline"][0]
+    report["counts_timeline"] = [dict(first, lookahead=16), dict(first, t=1.0, lookahead=24)]
+    assert judge(report).advice == ["ask further ahead: staging.lookahead: 48 (now auto, which reached 24)"]
+
+
 def test_report_prints_the_summary_and_draws_every_plot(runs, tmp_path):
     plots = tmp_path / "plots"
     proc = subprocess.run(stager_cmd("report", str(runs["source"]), "--plots", str(plots)), capture_output=True,

@@ -24,6 +24,8 @@ The rules, in order (docs/analyze.md, "Where the time goes", lists them too):
 import math
 from dataclasses import dataclass, field
 
+from ..cache.depth import AUTO_DEPTH
+
 STALL_OK = 0.05       # below this steady stall fraction the run is compute-bound
 IDLE = 0.25           # prefetchers busier than this are not too many
 STARTUP_NOTE = 0.10   # a first minibatch slower than this share of the wall time is worth a note
@@ -162,7 +164,12 @@ def judge(report):
                                            + (f"; prefetchers busy {util:.0%}" if staged else "")
                                            + "): the work is asked for too late", ratios=ratios)
             if staged and lookahead == "auto":
-                verdict.advice.append("ask further ahead: staging.lookahead: 32 (now auto, at most 16)")
+                # auto starts at AUTO_DEPTH and goes deeper only where the source's latency over the step
+                # needs it: here the loop waited all the same, so a fixed depth beyond the deepest it reached.
+                depths = [row.get("lookahead", 0) for row in report.get("counts_timeline") or ()]
+                deepest = max(depths, default=0) or AUTO_DEPTH
+                verdict.advice.append(f"ask further ahead: staging.lookahead: {2 * deepest} (now auto, which "
+                                      f"reached {deepest})")
             elif staged and lookahead:
                 verdict.advice.append(f"ask further ahead: staging.lookahead: {2 * lookahead} (now {lookahead})")
             elif not staged:
