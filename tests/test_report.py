@@ -13,7 +13,7 @@ from conftest import REPO, make_config, make_job_data, stager_cmd
 from helpers.terminal import Terminal
 
 from stager.telemetry import ReportError, load_report
-from stager.telemetry.advice import judge
+from stager.telemetry.advice import fetch_split, judge
 
 MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -137,12 +137,19 @@ def test_a_prefetcher_keeping_files_in_flight_is_accounted_by_its_slots(tmp_path
     assert p["files"] == 120 and p["seconds_per_file"] >= 0.03
     assert 0 < p["utilization"] <= 1.0, p
     assert p["capacity_files_per_s"] == pytest.approx(8 / p["seconds_per_file"], rel=1e-3)
+    # Each file's 30 ms open is a wait on the source, not time on a core or queued for one.
+    assert p["timed_busy_s"] == pytest.approx(p["busy_s"], rel=1e-3)
+    split = fetch_split(p)  # the last share: waiting on the source (or for a core, where the kernel does not say)
+    assert sum(share for _, share in split) == pytest.approx(1.0)
+    assert split[0][0] == "on a core" and split[-1][0].startswith("waiting on the source")
+    assert 0 < split[0][1] < split[-1][1] and split[-1][1] > 0.5, split
     proc = subprocess.run(stager_cmd("report", str(out)), capture_output=True, text=True, timeout=120,
                           env=env_for(tmp_path))
     assert proc.returncode == 0, proc.stderr
     row = next(line.split() for line in proc.stdout.splitlines() if line.strip().startswith("prefetch "))
     assert row[1:4] == ["1", "x", "8/node"], row
     assert f"{p['capacity_files_per_s']:,.1f}" in proc.stdout
+    assert f"prefetchers' fetch time: {split[0][1]:.0%} on a core, " in proc.stdout
 
 
 def test_a_loop_waiting_on_stages_that_keep_up_is_told_to_ask_beyond_the_depth_auto_reached(runs):

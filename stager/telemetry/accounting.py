@@ -107,12 +107,32 @@ def _mean_size(start, changes, begin, end):
 
 
 def _product(start_a, a_changes, start_b, b_changes):
-    """The changes of ``a x b``, where ``a`` starts at ``start_a`` and changes at ``a_changes`` (``(t, size)``), ``b`` likewise."""
+    """The changes of ``a x b``: ``a`` starts at ``start_a`` and changes at ``a_changes`` (``(t, size)``), ``b`` likewise."""
     a, b, out = start_a, start_b, []
     for t, which, size in sorted([(t, 0, size) for t, size in a_changes] + [(t, 1, size) for t, size in b_changes]):
         a, b = (size, b) if which == 0 else (a, size)
         out.append((t, a * b))
     return out
+
+
+def _core_times(tasks, cores):
+    """Of the prefetchers' busy seconds, those on a core and those queued for one.
+
+    Args:
+        tasks: ``(task id, busy seconds)`` of the ``TASK`` events.
+        cores: ``(task id, microseconds queued or -1, CPU seconds)`` of the ``TASK_CPU`` events.
+
+    Returns:
+        ``{"timed_busy_s", "cpu_s", "queued_s"}`` over the tasks whose CPU was
+        measured (``queued_s`` None where the kernel did not say), or ``{}``
+        where none was.
+    """
+    if not cores:
+        return {}
+    busy_of = dict(tasks)
+    known = [(busy_of.get(task, 0.0), queued, cpu) for task, queued, cpu in cores]
+    return {"timed_busy_s": _r(sum(k[0] for k in known)), "cpu_s": _r(sum(k[2] for k in known)),
+            "queued_s": None if any(k[1] < 0 for k in known) else _r(sum(k[1] for k in known) / 1e6)}
 
 
 def account(telemetry, *, rank, node, readers, prefetchers=None, in_flight=1, loop_begin=None, loop_end=None):
@@ -233,7 +253,8 @@ def account(telemetry, *, rank, node, readers, prefetchers=None, in_flight=1, lo
             "files_from_source": staged_files, "bytes": staged_bytes + peer_bytes, "bytes_from_source": staged_bytes,
             "files_from_peers": peer_files, "files_present": present, "active_s": _r(active),
             "seconds_per_file": _r(busy / files) if files else 0.0,
-            "utilization": _r(busy / (slots * active)) if slots and active > 0 else 0.0}
+            "utilization": _r(busy / (slots * active)) if slots and active > 0 else 0.0,
+            **_core_times(of(tm.TASK, a, value), of(tm.TASK_CPU, a, b, value))}
         timeline["prefetch_busy"] = [_r(v / width / max(slots, 1))
                                      for v in _interval_bins([(t - v, t) for t, _, v in tasks], width, BINS)]
         queue("prefetch_tasks", [(t, b) for t, b, _ in queued] + [(t, -1) for t, _, _ in tasks])
@@ -284,6 +305,11 @@ def job_stages(records):
             "capacity_files_per_s": _r(sum(slots) / spf) if spf else 0.0,
             "utilization": _r(busy / sum(n * p["active_s"] for n, p in zip(slots, leaders)))
             if any(p["active_s"] > 0 for p in leaders) else 0.0}
+        if all("cpu_s" in p for p in leaders):
+            queued = [p["queued_s"] for p in leaders]
+            out["prefetch"].update({"timed_busy_s": _r(sum(p["timed_busy_s"] for p in leaders)),
+                                    "cpu_s": _r(sum(p["cpu_s"] for p in leaders)),
+                                    "queued_s": None if None in queued else _r(sum(queued))})
     reads = [r["stages"]["read"] for r in records]
     busy = sum(x["busy_s"] for x in reads)
     samples = sum(x["samples"] for x in reads)

@@ -61,6 +61,22 @@ def _suggest(workers, demand, capacity):
     return need, min(need, MAX_STEP * workers)
 
 
+def fetch_split(prefetch):
+    """Where the prefetchers' fetch time went, from a report's ``stages.prefetch``.
+
+    Returns:
+        ``[(what, share)]``: on a core, queued for a core (where the kernel
+        said), and the rest, waiting on the source; ``[]`` where the fetches'
+        CPU was not measured.
+    """
+    busy, cpu, queued = prefetch.get("timed_busy_s"), prefetch.get("cpu_s"), prefetch.get("queued_s")
+    if not busy or cpu is None:
+        return []
+    parts = [("on a core", cpu / busy)] + ([("queued for a core", queued / busy)] if queued is not None else [])
+    rest = "waiting on the source" if queued is not None else "waiting on the source or for a core"
+    return parts + [(rest, max(0.0, 1.0 - sum(share for _, share in parts)))]
+
+
 def _count(workers):
     """A pool's size: a whole number, or a resized pool's mean size."""
     return f"{workers}" if isinstance(workers, int) else f"{workers:g} (on average)"
@@ -157,12 +173,17 @@ def judge(report):
                                   + ("" if step == need else f"; {need} would match the demand if cores allow"))
         else:
             lookahead = _config(report, "staging", "lookahead", 0)
-            util = report["stages"]["prefetch"]["utilization"] if staged else 0.0
+            busy = ""
+            if staged:
+                prefetch = report["stages"]["prefetch"]
+                busy = f"; prefetchers busy {prefetch['utilization']:.0%}"
+                # Stages that keep up alone may still wait on each other for the cores: say how long they did.
+                busy += "".join(f", {share:.0%} of their fetch time queued for a core"
+                                for what, share in fetch_split(prefetch) if what == "queued for a core")
             verdict = Verdict("lookahead", f"the loop waited {stall:.1%} after the first minibatch although every "
                                            "stage could keep up ("
                                            + ", ".join(f"{s} {r:.1f}x the demand" for s, r in sorted(ratios.items()))
-                                           + (f"; prefetchers busy {util:.0%}" if staged else "")
-                                           + "): the work is asked for too late", ratios=ratios)
+                                           + busy + "): the work is asked for too late", ratios=ratios)
             if staged and lookahead == "auto":
                 # auto starts at AUTO_DEPTH and goes deeper only where the source's latency over the step
                 # needs it: here the loop waited all the same, so a fixed depth beyond the deepest it reached.

@@ -46,6 +46,8 @@ kind           a                    b                   value
 ``DROPPED``    catalog index        bytes               epoch being requested (an evicted file read again)
 ``SWAP_OUT``   catalog index        bytes               epoch (dropped for room, given to a holder)
 ``SWAP_IN``    catalog index        bytes               epoch (another node gave it; kept here)
+``TASK_CPU``   task id              us queued for a     seconds on a core (of a
+                                    core (-1: unknown)  ``TASK``'s busy seconds)
 =============  ===================  ==================  ==========================
 
 A ``GROUP`` event (a job of a shared group, ``staging.share``) says, by its
@@ -66,7 +68,7 @@ import time
 from array import array
 
 NEEDED, QUEUED, STAGED, TASK, READY, READ, DELIVERED, CONSUMED, REQUEST, EVICTED, USAGE, PEER, SERVED, \
-    FINISHED, RESIZED, LOCAL, FALLBACK, GROUP, DROPPED, SWAPPED_OUT, SWAPPED_IN = range(21)
+    FINISHED, RESIZED, LOCAL, FALLBACK, GROUP, DROPPED, SWAPPED_OUT, SWAPPED_IN, TASK_CPU = range(22)
 GROUP_FILES, GROUP_FETCHED, GROUP_TAKEN, GROUP_GIVEN = range(4)
 # A ``RESIZED`` event's pool (or the ``auto`` look-ahead, or the files each prefetcher keeps in flight).
 POOL_PREFETCH, POOL_READ, POOL_LOOKAHEAD, POOL_IN_FLIGHT = range(4)
@@ -75,7 +77,7 @@ NO_SPACE = -1  # the local file system was full; nothing was published
 PRESENT = -2  # a matching copy was already there; nothing was copied
 KINDS = ("needed", "queued", "staged", "task", "ready", "read", "delivered", "consumed", "request", "evicted",
          "usage", "peer", "served", "finished", "resized", "local", "fallback", "group", "dropped", "swap_out",
-         "swap_in")
+         "swap_in", "task_cpu")
 FILE_KINDS = frozenset((STAGED, EVICTED, PEER, SERVED, FALLBACK, DROPPED, SWAPPED_OUT, SWAPPED_IN))  # one event per file, not per minibatch
 
 

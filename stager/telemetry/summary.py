@@ -2,7 +2,7 @@
 
 import json
 
-from .advice import judge
+from .advice import fetch_split, judge
 from ..errors import StagerError
 
 NEEDS = ("steady_stall_fraction", "first_batch_s", "stages", "nodes_accounting", "per_rank", "wall_s")
@@ -157,6 +157,9 @@ def render(report, plots=()):
                  f"{c['seconds_per_step'] * 1e3:.2f} ms/step"))
     lines += ["  " + x for x in _table(rows, ("stage", "workers", "busy s", "busy", "rate", "capacity/demand",
                                               "per item"))]
+    split = fetch_split(st.get("prefetch") or {})
+    if split:
+        lines.append("  prefetchers' fetch time: " + ", ".join(f"{share:.0%} {what}" for what, share in split))
     lines += ["", "ranks (seconds of each rank's loop):"]
     rows = [(r["rank"], r["node"], f"{r['wall_s']:.2f}", f"{r['compute_s']:.2f}", f"{r['wait_s']:.2f}",
              f"{r['other_s']:.2f}", f"{r['stall_fraction']:.1%}", f"{r['first_batch_s']:.2f}",

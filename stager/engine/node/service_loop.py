@@ -271,6 +271,9 @@ class ServiceLoop:
         self.dispatch.finished(msg)
         # Files fetched at once each count their own time: the stage's busy seconds are per slot.
         telemetry.record(tm.TASK, msg.task, len(msg.done), msg.seconds if msg.busy_s is None else msg.busy_s)
+        if msg.cpu_s is not None:  # of those seconds, on a core and queued for one: the rest waited on the source
+            telemetry.record(tm.TASK_CPU, msg.task, -1 if msg.queued_s is None else round(msg.queued_s * 1e6),
+                             msg.cpu_s)
         on_staged = self.s.on_staged
         full = [index for index, nbytes in msg.done if nbytes == NO_SPACE]
         if self.s.peers is not None:
