@@ -44,6 +44,7 @@ from stager.formats.shards import ShardLayout
 from stager.formats import SampleDecoder
 from stager.sources import check_relpath, parallel, reading
 
+from ._torch_shards import in_object_store
 from ._torchvision_import import import_torchvision
 
 # torchvision is the ``vision`` extra: without it, no DatasetFolder can be given.
@@ -95,6 +96,23 @@ def _flatten(dataset, leaves):
     return np.full(n, len(leaves) - 1, dtype=np.int64), np.arange(n, dtype=np.int64)
 
 
+def _in_store(leaves):
+    """The ``DatasetConfig`` of the object store the datasets read (``ShardDataset("s3://...")``), else None.
+
+    Raises:
+        TypeError: An object store's dataset beside other datasets: staging
+            reads one source.
+    """
+    stores = [dataset.stager_dataset for _, dataset in leaves
+              if in_object_store(getattr(getattr(dataset, "stager_dataset", None), "source", ""))]
+    if not stores:
+        return None
+    if len(leaves) > 1:
+        raise TypeError(f"StagedLoader stages from one source: a ShardDataset over {stores[0].source} can be given "
+                        f"alone or in a Subset, not in a ConcatDataset ({len(leaves)} datasets)")
+    return stores[0]
+
+
 def _path(kind, dataset, index):
     if kind == FOLDER:
         return dataset.samples[index][0]
@@ -120,6 +138,14 @@ class TorchFiles:
         self.leaf_of, self.index_in = _flatten(dataset, self.leaves)
         if not len(self.leaf_of):
             raise ValueError(f"{self.name} has no samples")
+        self.store = _in_store(self.leaves)
+        if self.store is not None:
+            # An object store's shards have no local paths to stat: the dataset's own catalog names them.
+            files = self.leaves[0][1].catalog.files
+            self._file_of = self.leaves[0][1].catalog.layout.file_of[self.index_in]
+            self.root = files.root
+            self.rels = [files.path(k) for k in self._file_of.tolist()]
+            return
         full = [os.path.abspath(_path(*self.leaves[leaf], index))
                 for leaf, index in zip(self.leaf_of.tolist(), self.index_in.tolist())]
         self.root = os.path.commonpath([os.path.dirname(f) for f in full])
@@ -135,6 +161,9 @@ class TorchFiles:
         Raises:
             FileNotFoundError: Naming the first sample whose file cannot be read.
         """
+        if self.store is not None:
+            files = self.leaves[0][1].catalog.files
+            return ShardCatalog(files, ShardLayout("custom", self._file_of, np.arange(len(self._file_of)), ()))
         distinct = list(dict.fromkeys(self.rels))
 
         def look(rel):
@@ -166,6 +195,13 @@ class TorchFiles:
         number = {rel: k for k, rel in enumerate(distinct)}
         file_of = np.array([number[rel] for rel in self.rels], dtype=np.int64)
         return ShardCatalog(files, ShardLayout("custom", file_of, np.arange(len(file_of), dtype=np.int64), ()))
+
+    def source_settings(self):
+        """The ``dataset`` keys staging reads the source with: its object store's, or none for a file tree."""
+        if self.store is None:
+            return {}
+        return {"endpoint_url": self.store.endpoint_url, "retries": self.store.retries,
+                "request_timeout_s": self.store.request_timeout_s}
 
     def shard_window(self):
         """The ``shards`` shuffle's window when every dataset inside packs its samples (``ShardDataset``), else None."""

@@ -1,4 +1,4 @@
-"""Samples packed in tar shards or HDF5 containers, as a PyTorch map-style dataset.
+"""Samples packed in tar or MDS shards or HDF5 containers, as a PyTorch map-style dataset.
 
 ``ShardDataset`` lists the containers of a source and indexes them once
 (``stager.catalog.load_catalog``), then reads any sample in place: a plain
@@ -10,6 +10,10 @@ sampler says otherwise, ``StagedLoader`` reads it with the ``shards``
 shuffle (containers, then samples within a window of ``window``
 containers), as sharded loaders do, where ``DataLoader`` would draw a full
 permutation and open a container for nearly every sample.
+
+Over an object store (``s3://bucket/prefix``) a sample is read only from its
+staged shard, so such a dataset goes to ``StagedLoader`` (alone or in a
+``Subset``): the shards are fetched once each, never one sample at a time.
 """
 
 import os
@@ -21,11 +25,18 @@ from stager.config import config_from_dict
 from stager.formats.shards import ShardReader, decode_parts
 
 
+def in_object_store(source):
+    """True for a source that is not a file tree (``s3://...``)."""
+    scheme, sep, _ = source.partition("://")
+    return bool(sep) and scheme != "file"
+
+
 class ShardDataset(Dataset):
     """The samples of tar shards or HDF5 containers under ``source``.
 
     Args:
-        source: The directory holding the containers.
+        source: The directory holding the containers, or an object store
+            prefix (``s3://bucket/prefix``), read through ``StagedLoader``.
         format: ``tar``, ``hdf5``, ``mds`` or ``auto`` (``dataset.format``).
         keys: HDF5 datasets whose first axis indexes samples (``dataset.keys``).
         parts: Tar parts each sample keeps (``dataset.parts``); default: all.
@@ -37,18 +48,22 @@ class ShardDataset(Dataset):
         transform: Called on each sample (a dict: ``__key__`` and the tar
             parts, or the HDF5 rows) after decoding.
         window: Containers the ``shards`` shuffle mixes (``plan.shard_window``).
+        endpoint_url: For an object store that is not AWS, its URL
+            (``dataset.endpoint_url``); credentials come from the AWS chain.
     """
 
     def __init__(self, source, format="auto", keys=(), parts=(), manifest=None, loader="raw", transform=None,
-                 window=8):
+                 window=8, endpoint_url=None):
         dataset = config_from_dict({"dataset": {"source": os.fspath(source), "format": format, "keys": list(keys),
                                                 "parts": list(parts), "manifest": manifest,
-                                                "loader": loader if isinstance(loader, str) else "raw"}}).dataset
+                                                "loader": loader if isinstance(loader, str) else "raw",
+                                                "endpoint_url": endpoint_url}}).dataset
         catalog = load_catalog(dataset)
         if not hasattr(catalog, "layout"):
             raise ValueError(f"{source} holds one sample per file (dataset.format {format!r}): use ImageFolder or "
                              "your own dataset for it")
         self.catalog = catalog
+        self.stager_dataset = dataset  # where StagedLoader stages from: the source and its store's settings
         self.loader = loader
         self.transform = transform
         self.stager_window = window
@@ -58,6 +73,10 @@ class ShardDataset(Dataset):
         return len(self.catalog)
 
     def __getitem__(self, index):
+        if in_object_store(self.stager_dataset.source):
+            raise TypeError(f"ShardDataset over {self.stager_dataset.source}: its samples are read from staged "
+                            "copies of their shards; give it to StagedLoader, which fetches each shard once "
+                            "(read in place, every sample would fetch its whole shard)")
         return self.stager_load(self.stager_path(index), index)
 
     def stager_path(self, index):

@@ -162,7 +162,7 @@ class StagedLoader(IterableDataset):
         else:
             self._seed_given = True
         overrides = {**processes, "plan": plan,
-                     "dataset": {"source": files.root, "manifest": None, "catalog": None}}
+                     "dataset": {"source": files.root, "manifest": None, "catalog": None, **files.source_settings()}}
         self.config, self.world, self.catalog = resolve(base, world, None, overrides, files.catalog)
         self._decoder = files.decoder(plan["seed"], self.worker_init_fn, dataset,
                                       Collate(self.collate_fn, single=self.batch_size is None))

@@ -21,6 +21,7 @@ from stager.catalog import load_catalog
 from stager.config import config_from_dict
 from stager.errors import CatalogError, StageError
 from stager.slowfs import SlowFS
+from test_s3 import store  # noqa: F401  (the moto server fixture)
 
 SAMPLES, CLASSES = 96, 4
 
@@ -152,3 +153,41 @@ reader: {{workers: 1}}
         assert sorted(names) == sorted(catalog.name(i) for i in range(SAMPLES)), f"epoch {epoch}: each sample once"
     counted.pop("index.json")
     assert dict(counted) == {p: 1 for p in catalog.files.paths()}
+
+
+def test_staged_loader_reads_streamings_shards_from_an_object_store_each_shard_fetched_once(store, mds_dir, tmp_path):
+    from torch.utils.data import ConcatDataset, Subset
+
+    from iterators.pytorch import ShardDataset, StagedLoader
+
+    store.s3.create_bucket(Bucket="stager-mds")
+    names = sorted(os.listdir(mds_dir))
+    for name in names:
+        with open(os.path.join(mds_dir, name), "rb") as fh:
+            store.s3.put_object(Bucket="stager-mds", Key=f"data/{name}", Body=fh.read())
+    reference = streaming_samples(mds_dir)
+    ds = ShardDataset("s3://stager-mds/data", format="mds", endpoint_url=store.endpoint_url)
+    assert len(ds) == SAMPLES
+    with pytest.raises(TypeError, match="give it to StagedLoader, which fetches each shard once"):
+        ds[0]
+    with pytest.raises(TypeError, match="StagedLoader stages from one source: a ShardDataset over "
+                                        "s3://stager-mds/data can be given alone or in a Subset"):
+        StagedLoader(ConcatDataset([ds, ds]), batch_size=8)
+    config = {"staging": {"local_dir": str(tmp_path / "local")}}
+    with StagedLoader(ds, batch_size=8, shuffle=True, num_workers=2, collate_fn=list, config=config) as loader:
+        assert loader.config.plan.shuffle_algorithm == "shards"
+        assert loader.config.dataset.endpoint_url == store.endpoint_url
+        for epoch in range(2):
+            ids = []
+            for batch in loader:
+                for sample in batch:
+                    _same(sample, reference[int(sample["id"])])
+                    ids.append(int(sample["id"]))
+            assert sorted(ids) == list(range(SAMPLES)), f"epoch {epoch}: each sample once"
+        fetched = sum(e["files_from_source"] for e in loader.stats.cache_table())
+    assert fetched == len([n for n in names if n.endswith(".mds")])
+    half = Subset(ds, range(0, SAMPLES, 2))
+    with StagedLoader(half, batch_size=8, num_workers=1, collate_fn=list, config=config) as loader:
+        ids = [int(sample["id"]) for batch in loader for sample in batch]
+    assert ids == list(range(0, SAMPLES, 2))
+    assert os.listdir(tmp_path / "local") == []
