@@ -1,6 +1,6 @@
 """stager beside MosaicML Streaming and LitData: the same JPEGs on the same emulated file system, each as its users run it.
 
-    python -m venv /tmp/peers && PIP_CONSTRAINT=constraints.txt /tmp/peers/bin/pip install -e ".[mpich,vision,bench-peers]"
+    python -m venv /tmp/peers && PIP_CONSTRAINT=constraints.txt /tmp/peers/bin/pip install -e ".[mpich,vision,s3,bench-peers]"
     cp .venv/lib/python3.11/site-packages/stager-torchvision.pth /tmp/peers/lib/python3.11/site-packages/
     /tmp/peers/bin/python benchmarks/loaders/peers_side.py --processes 4 --rounds 2 --json docs/peers-side.json
 
@@ -27,6 +27,20 @@ ToTensor, Normalize), batch 32, shuffled, ``--epochs`` epochs, no compute,
   ``litdata.optimize(num_workers=N)`` wrote, read in place (its behaviour
   for a local path), under its ``StreamingDataLoader``.
 
+With ``--source s3`` the methods read an S3 bucket instead (moto's server
+behind the latency proxy, ``--open-ms`` a request): the JPEGs, the tar
+shards and Streaming's MDS shards are uploaded to it after their
+conversion, and each method is given the bucket as its documentation says
+(``DataLoader`` over a dataset that GETs each JPEG with boto3;
+``StagedLoader(ShardDataset("s3://...", endpoint_url=...))``; Streaming's
+``remote="s3://..."`` with ``S3_ENDPOINT_URL``). Two methods are left out:
+the one-line ``StagedLoader(ImageFolder(...))`` reads a file tree, and
+LitData 0.2.76 fetches its chunks with obstore, which refuses the store's
+``http://`` endpoint with no setting to allow it (its ``storage_options``
+reach only the boto3 client that fetches its index). The source's CPU is then the proxy's and the
+server's, its bytes half what crossed loopback (each crossed it twice), and
+opens are not counted.
+
 Conversions read the JPEGs through the emulator and write beside them;
 each is timed once per N. Each method then runs in a fresh process, the
 methods alternating within each round, on a fresh mount. Reported per
@@ -38,6 +52,7 @@ per process kind, and classes per batch (how well the order mixes).
 """
 
 import argparse
+import contextlib
 import io
 import json
 import os
@@ -52,9 +67,14 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.join(REPO, "tests"))
 
+from peers_sources import FileTree, ObjectBucket  # noqa: E402
 from torch_dropin import BATCH, cpu_of, one_run_arguments, timed_epochs, transforms  # noqa: E402  (the drop-in benchmark's)
 
 METHODS = ("dataloader", "stager", "stager-tar", "streaming", "stager-mds", "litdata")
+# Left out over the bucket: ImageFolder reads a file tree; LitData 0.2.76 GETs its chunks with obstore,
+# which refuses moto's http:// endpoint ("builder error", BadScheme) and takes no setting to allow it.
+NOT_OVER_S3 = {"stager": "ImageFolder reads a file tree",
+               "litdata": "LitData 0.2.76's obstore client refuses an http:// endpoint"}
 
 
 class _Decode:
@@ -87,18 +107,24 @@ def _loader(args):
     from torchvision.datasets import ImageFolder  # noqa: E402  (after iterators.pytorch)
 
     config = {"staging": {"local_dir": args.local}}
+    store = args.endpoint or None  # an object store's URL: the data is under s3://
     if args.one == "dataloader":
-        return DataLoader(ImageFolder(os.path.join(args.data, "imgs"), transform=transforms()), batch_size=BATCH,
-                          shuffle=True, num_workers=args.n, persistent_workers=True)
+        if store:
+            from peers_sources import BucketImages
+
+            images = BucketImages(os.path.join(args.data, "imgs"), store, _Decode())
+        else:
+            images = ImageFolder(os.path.join(args.data, "imgs"), transform=transforms())
+        return DataLoader(images, batch_size=BATCH, shuffle=True, num_workers=args.n, persistent_workers=True)
     if args.one == "stager":
         return StagedLoader(ImageFolder(os.path.join(args.data, "imgs"), transform=transforms()), batch_size=BATCH,
                             shuffle=True, num_workers=args.n, config=config)
     if args.one == "stager-tar":
         shards = ShardDataset(os.path.join(args.data, f"tar-{args.n}"), format="tar", manifest="manifest.tsv",
-                              transform=_TarSample())
+                              transform=_TarSample(), endpoint_url=store)
         return StagedLoader(shards, batch_size=BATCH, shuffle=True, num_workers=args.n, config=config)
     if args.one == "stager-mds":
-        shards = ShardDataset(os.path.join(args.data, "mds"), format="mds", transform=_MdsSample())
+        shards = ShardDataset(os.path.join(args.data, "mds"), format="mds", transform=_MdsSample(), endpoint_url=store)
         return StagedLoader(shards, batch_size=BATCH, shuffle=True, num_workers=args.n, config=config)
     if args.one == "streaming":
         import streaming
@@ -204,33 +230,26 @@ def convert(kind, n, mnt, backing):
     return time.perf_counter() - begin
 
 
-def _env():
-    return dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS="1")
+def _env(source=None):
+    return dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS="1", **(source.env() if source else {}))
 
 
-def _rchar(pid):
-    with open(f"/proc/{pid}/io") as fh:
-        return int(next(line for line in fh if line.startswith("rchar")).split()[1])
-
-
-def run(method, n, mnt, backing, work, daemon, args):
-    """One method in a fresh process, with the source's opens and the emulator's CPU and bytes around it."""
-    from helpers.opens import Opens
-
+def run(method, n, source, work, args):
+    """One method in a fresh process, with the source's opens and its servers' CPU and bytes around it."""
     local = tempfile.mkdtemp(prefix=f"local-{method}-", dir=work)
-    cpu, read = cpu_of(daemon), _rchar(daemon)
-    cmd = [sys.executable, os.path.abspath(__file__), "--one", method, "--n", str(n), "--data", mnt,
-           "--local", local, "--epochs", str(args.epochs)]
-    with Opens(backing) as opens:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, env=_env())
-        counted = opens.count()
+    cpu, read = sum(cpu_of(p) for p in source.pids), source.moved()
+    cmd = [sys.executable, os.path.abspath(__file__), "--one", method, "--n", str(n), "--data", source.root,
+           "--local", local, "--epochs", str(args.epochs), "--endpoint", getattr(source, "endpoint_url", "")]
+    with source.counting() as opens:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, env=_env(source))
+        counted = opens.count() if opens is not None else None
     shutil.rmtree(local, ignore_errors=True)
     if proc.returncode:
         sys.exit(f"{method} N={n} failed:\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
     result = json.loads(proc.stdout.splitlines()[-1])
-    result["cpu"]["emulator"] = round(cpu_of(daemon) - cpu, 2)
-    result["source_bytes"] = _rchar(daemon) - read
-    result["opens"] = sum(counted.values())
+    result["cpu"]["emulator"] = round(sum(cpu_of(p) for p in source.pids) - cpu, 2)
+    result["source_bytes"] = source.moved() - read
+    result["opens"] = None if counted is None else sum(counted.values())
     return result
 
 
@@ -239,21 +258,45 @@ def _table(n, results, conversions, args):
     print(f"\nN = {n}\n")
     print("| method | conversion s | " + " | ".join(f"epoch {e + 1} s" for e in range(args.epochs)) +
           " | total s | with conversion s | first batch s | source opens | source MB | local peak MB | "
-          "loading processes | CPU s: rank / loaders / prefetchers / emulator | classes per batch |")
+          "loading processes | CPU s: rank / loaders / prefetchers / source | classes per batch |")
     print("|---|" + "---:|" * (args.epochs + 9))
     for m, rs in results.items():
         conv = conversions.get(m, 0.0)
         cpu = {k: statistics.median(r["cpu"][k] for r in rs) for k in ("rank", "readers", "prefetchers", "emulator")}
         print(f"| {m} | {conv:.1f} | " + " | ".join(f"{t:.2f}" for t in med[m]) +
               f" | {sum(med[m]):.2f} | {sum(med[m]) + conv:.2f}"
-              f" | {statistics.median(r['first_batch_s'] for r in rs):.2f} | {max(r['opens'] for r in rs)}"
+              f" | {statistics.median(r['first_batch_s'] for r in rs):.2f} | {_most(r['opens'] for r in rs)}"
               f" | {max(r['source_bytes'] for r in rs) / 1e6:.0f} | {max(r['local_peak_bytes'] for r in rs) / 1e6:.0f}"
               f" | {max(r['processes'] for r in rs)} | " + " / ".join(f"{cpu[k]:.2f}" for k in cpu) +
               f" | {statistics.median(r['classes_per_batch'] for r in rs):.1f} |")
+    mine = next((m for m in ("stager", "stager-mds") if m in results), None)
     for m in results:
-        if m != "stager" and "stager" in results:
-            ratios = ", ".join(f"{a / b:.2f}x" for a, b in zip(med[m], med["stager"]))
-            print(f"{m} / stager, by epoch: {ratios}; total {sum(med[m]) / sum(med['stager']):.2f}x")
+        if mine and m != mine:
+            ratios = ", ".join(f"{a / b:.2f}x" for a, b in zip(med[m], med[mine]))
+            print(f"{m} / {mine}, by epoch: {ratios}; total {sum(med[m]) / sum(med[mine]):.2f}x")
+
+
+def _most(counts):
+    counts = list(counts)
+    return "-" if None in counts else max(counts)
+
+
+@contextlib.contextmanager
+def _serving(bucket, backing, mnt, n, args):
+    """What the methods read for N = ``n``: the bucket, filled from the backing tree, or a fresh mount of it.
+
+    A fresh mount: the emulator's name cache holds nothing of the conversions.
+    """
+    from stager.slowfs import SlowFS, mount_entry
+
+    if bucket is not None:
+        for prefix in ("imgs", "mds", f"tar-{n}"):
+            if os.path.isdir(os.path.join(backing, prefix)):
+                bucket.upload(os.path.join(backing, prefix), prefix)
+        yield bucket
+        return
+    with SlowFS(backing, mnt, open_ms=args.open_ms, mbps=0) as mounted:
+        yield FileTree(mounted, backing, int(mount_entry(mounted).split(":", 1)[1]))
 
 
 def main():
@@ -266,17 +309,24 @@ def main():
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--json", help="write every figure here")
+    parser.add_argument("--source", choices=("fs", "s3"), default="fs",
+                        help="fs: the FUSE emulator; s3: an S3 bucket (moto) behind the latency proxy at --open-ms a "
+                             "request, where the one-line ImageFolder method cannot go")
+    parser.add_argument("--endpoint", default="", help=argparse.SUPPRESS)
     one_run_arguments(parser)
     args = parser.parse_args()
     if args.one:
         return one(args)
 
     from stager.job.synth import make_dataset
-    from stager.slowfs import SlowFS, mount_entry
+    from stager.slowfs import SlowFS
 
-    methods = args.methods.split(",")
-    out = {"samples": args.samples, "open_ms": args.open_ms, "epochs": args.epochs, "rows": {}}
-    with tempfile.TemporaryDirectory(prefix="stager-peers-side-") as work:
+    methods = [m for m in args.methods.split(",") if args.source == "fs" or m not in NOT_OVER_S3]
+    for m in sorted(set(args.methods.split(",")) - set(methods)):
+        print(f"{m}: left out over the bucket ({NOT_OVER_S3[m]})")
+    out = {"samples": args.samples, "open_ms": args.open_ms, "epochs": args.epochs, "source": args.source, "rows": {}}
+    with tempfile.TemporaryDirectory(prefix="stager-peers-side-") as work, contextlib.ExitStack() as stack:
+        bucket = stack.enter_context(ObjectBucket(args.open_ms)) if args.source == "s3" else None
         backing, mnt = os.path.join(work, "src"), os.path.join(work, "mnt")
         os.makedirs(mnt)
         make_dataset(os.path.join(backing, "imgs"), args.samples, nbytes=115000, classes=args.classes, seed=1,
@@ -294,15 +344,14 @@ def main():
                 out["mds_s"] = conversions["streaming"]
                 conversions["stager-mds"] = conversions["streaming"]
             results = {m: [] for m in methods}
-            # A fresh mount: the emulator's name cache holds nothing of the conversions.
-            with SlowFS(backing, mnt, open_ms=args.open_ms, mbps=0) as mounted:
-                daemon = int(mount_entry(mounted).split(":", 1)[1])
+            with _serving(bucket, backing, mnt, n, args) as source:
                 for _ in range(args.rounds):
                     for m in methods:  # alternating: a slow spell of the machine falls on every method
-                        results[m].append(run(m, n, mounted, backing, work, daemon, args))
+                        results[m].append(run(m, n, source, work, args))
             out["rows"][n] = {"conversions": conversions, "results": results}
-            print(f"{args.samples} JPEGs in {args.classes} classes behind the emulator at {args.open_ms:g} ms an "
-                  f"open; torchvision's training transforms, batch {BATCH}; {args.epochs} epochs; medians of "
+            where = "an open" if bucket is None else "a request"
+            print(f"{args.samples} JPEGs in {args.classes} classes in the {source.kind} at {args.open_ms:g} ms "
+                  f"{where}; torchvision's training transforms, batch {BATCH}; {args.epochs} epochs; medians of "
                   f"{args.rounds} rounds; {os.cpu_count()} cores", flush=True)
             _table(n, results, conversions, args)
             sys.stdout.flush()
