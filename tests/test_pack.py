@@ -40,7 +40,9 @@ def test_two_processes_write_the_containers_one_writes_and_webdataset_reads_the_
         done = _pack(root, tmp_path / f"tar{n}", "--per-shard", "30", "--processes", str(n))
         assert done.returncode == 0, done.stderr
     names = sorted(os.listdir(tmp_path / "tar1"))
-    assert names == sorted(os.listdir(tmp_path / "tar2")) == ["manifest.tsv"] + [f"shard-{k:06d}.tar" for k in range(4)]
+    shards = [f"shard-{k:06d}.tar" for k in range(4)]
+    assert names == sorted(os.listdir(tmp_path / "tar2")) == sorted(
+        ["manifest.tsv"] + shards + [f".{name}.index.json" for name in shards])  # each shard's index beside it
     for name in names:
         assert (tmp_path / "tar1" / name).read_bytes() == (tmp_path / "tar2" / name).read_bytes(), name
     assert_webdataset_reads_back(tmp_path / "tar2", root, files)

@@ -405,7 +405,8 @@ def test_the_shipped_shards_job_makes_its_data_then_runs(tmp_path):
                               capture_output=True, text=True, env=env)
         assert made.returncode == 0, made.stderr
     assert "already lists the 300 samples" in made.stdout
-    assert sorted(os.listdir(tmp_path / "data")) == ["manifest.tsv"] + [f"shard-{k:06d}.tar" for k in range(5)]
+    assert sorted(n for n in os.listdir(tmp_path / "data") if not n.startswith(".")) == \
+        ["manifest.tsv"] + [f"shard-{k:06d}.tar" for k in range(5)]
     rec = tmp_path / "rec"
     report = tmp_path / "reports" / "of-today" / "r.json"  # a directory that does not exist yet
     ran = subprocess.run([sys.executable, "-m", "stager", "run", job, "--quiet", "--record", str(rec), *sets,
@@ -482,3 +483,60 @@ def test_the_tar_index_finds_what_tarfile_and_webdataset_find(tmp_path, fmt):
     (tmp_path / "c.tar").write_bytes(bytes(corrupt))
     with open(tmp_path / "c.tar", "rb") as fh, pytest.raises(CatalogError, match="c.tar cannot be read as a tar"):
         index_tar(fh, "c.tar", len(corrupt))
+
+
+def test_the_catalog_reads_the_index_pack_wrote_beside_each_shard_not_the_shard(tar_dir, tmp_path):
+    import json
+    import re
+
+    from helpers.opens import Opens
+    from stager.formats.tar import index_name
+
+    bare = tmp_path / "bare"  # the same shards without their indexes: indexed from their headers
+    shutil.copytree(tar_dir, bare, ignore=shutil.ignore_patterns(".*"))
+    indexed = load_catalog(shard_config(str(bare), tmp_path / "local").dataset)
+    with Opens(tar_dir) as opens:
+        packed = load_catalog(shard_config(tar_dir, tmp_path / "local").dataset)
+        counted = opens.count()
+    assert packed.layout == indexed.layout and packed.files.paths() == indexed.files.paths()
+    assert sorted(p for p in counted if p != "manifest.tsv") == sorted(index_name(p) for p in packed.files.paths())
+    src = tmp_path / "src"
+    shutil.copytree(tar_dir, src)
+    first = packed.files.path(0)
+    side = src / index_name(first)
+    index = json.loads(side.read_text())
+    index["bytes"] += 1  # written for another shard of that name: the shard is indexed itself
+    side.write_text(json.dumps(index))
+    assert load_catalog(shard_config(str(src), tmp_path / "local").dataset).layout == indexed.layout
+    index["bytes"] -= 1
+    index["samples"][1][1][0][1] = 10 ** 9
+    side.write_text(json.dumps(index))
+    with pytest.raises(CatalogError, match=f"tar shard index {re.escape(index_name(first))}: sample .* outside the "
+                                           "shard's"):
+        load_catalog(shard_config(str(src), tmp_path / "local").dataset)
+    side.write_text("{cut short")
+    with pytest.raises(CatalogError, match=f"tar shard index {re.escape(index_name(first))} cannot be read"):
+        load_catalog(shard_config(str(src), tmp_path / "local").dataset)
+
+
+def test_over_an_object_store_the_catalog_fetches_each_shards_index_not_the_shard(store, tar_dir, tmp_path):
+    from stager.slows3 import Fault, SlowProxy
+
+    store.s3.create_bucket(Bucket="stager-indexed")
+    for name in os.listdir(tar_dir):
+        with open(os.path.join(tar_dir, name), "rb") as fh:
+            data = fh.read()
+        store.s3.put_object(Bucket="stager-indexed", Key=f"with/{name}", Body=data)
+        if not name.startswith("."):
+            store.s3.put_object(Bucket="stager-indexed", Key=f"without/{name}", Body=data)
+    local = load_catalog(shard_config(tar_dir, tmp_path / "local").dataset)
+    # Every GET of a shard is refused: the catalog is built from the indexes alone, or not at all.
+    with SlowProxy(store.port, faults=[Fault(403, -1, r"\.tar$")]) as proxy:
+        def catalog(prefix):
+            return load_catalog(s3_config(proxy.endpoint_url, tmp_path / "local",
+                                          source=f"s3://stager-indexed/{prefix}",
+                                          dataset={"format": "tar", "manifest": "manifest.tsv"}).dataset)
+
+        assert catalog("with").layout == local.layout
+        with pytest.raises(OSError, match=r"s3://stager-indexed/without/shard-\d+\.tar at .*: access denied \(403"):
+            catalog("without")  # the refusal bites where a shard has no index

@@ -3,13 +3,15 @@
 The containers are listed like any file tree (a scan, or a manifest that
 ``stager pack`` writes) into a ``Catalog`` of files: that is what prefetchers
 stage, the node cache keeps and peers serve. Each container is then indexed
-once, on rank 0, in threads (a tar shard's headers, an HDF5 file's dataset
-shapes; never the samples' bytes), which gives the ``ShardLayout``: per
+once, on rank 0, in threads (a tar shard's headers, or the index ``stager
+pack`` wrote beside it; an HDF5 file's dataset shapes; never the samples'
+bytes), which gives the ``ShardLayout``: per
 sample, its container and its place there. Samples are numbered container by
 container in listing order, so a container's samples are one run of indices.
 """
 
 import contextlib
+import errno
 import os
 
 import numpy as np
@@ -18,7 +20,7 @@ from .table import Catalog, container_format
 from ..errors import CatalogError
 from ..formats.hdf5 import index_hdf5
 from ..formats.shards import HDF5, MDS, TAR, ShardDecoder, ShardLayout
-from ..formats.tar import check_parts, index_tar
+from ..formats.tar import check_parts, index_name, index_tar, load_index
 from ..sources import open_source, parallel
 from ..sources.listing import Listing
 
@@ -143,6 +145,9 @@ def index_containers(source, files, fmt, dataset):
 
     def one(index):
         rel, size = files.path(index), int(files.sizes[index])
+        packed = _packed_index(source, rel, size) if fmt == TAR else None
+        if packed is not None:
+            return packed
         with _opened(source, rel) as fh:
             return index_hdf5(fh, rel, keys) if fmt == HDF5 else index_tar(fh, rel, size)
 
@@ -155,6 +160,18 @@ def index_containers(source, files, fmt, dataset):
             raise CatalogError(f"dataset at {files.root}: its HDF5 files hold no rows")
         return ShardLayout(HDF5, file_of, place, keys)
     return _tar_layout(files, found, list(getattr(dataset, "parts", []) or []))
+
+
+def _packed_index(source, rel, size):
+    """Tar shard ``rel``'s samples from the index ``stager pack`` wrote beside it; None without one for this size."""
+    try:
+        with _opened(source, index_name(rel)) as fh:
+            data = fh.read()
+    except OSError as exc:
+        if exc.errno == errno.ENOENT:
+            return None
+        raise
+    return load_index(data, rel, size)
 
 
 def _tar_layout(files, found, wanted):

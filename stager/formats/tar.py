@@ -8,9 +8,16 @@ anything but regular files are skipped, as WebDataset skips them. Indexing
 reads the headers only (ustar, GNU long names, pax paths; the data is
 sought over), so a shard of thousands of samples costs a few reads, not a
 parse of its bytes.
+
+Over an object store those reads would fetch the whole shard before staging
+fetches it again, so ``stager pack`` writes each shard's index beside it
+(``index_name``: hidden, so scans leave it out), and the catalog reads that
+instead of the shard where one is there for a shard of that size.
 """
 
+import json
 import os
+import posixpath
 import re
 
 from ..errors import CatalogError
@@ -153,3 +160,54 @@ def check_parts(samples, name, expected, exact):
             raise CatalogError(f"tar shard {name}: sample {key!r} {fault} (it has {', '.join(sorted(have))}; the "
                                f"dataset's samples have {', '.join(sorted(expected))}); dataset.parts names the "
                                "parts to keep when samples differ")
+
+
+_INDEX_KEY, _INDEX_VERSION = "stager_tar_index", 1
+
+
+def index_name(rel):
+    """Where the index of shard ``rel`` lies: ``dir/.NAME.index.json``, hidden so that scans leave it out."""
+    head, tail = posixpath.split(rel)
+    return posixpath.join(head, f".{tail}.index.json")
+
+
+def dump_index(samples, size):
+    """The bytes of an index file: ``index_tar``'s result for a shard of ``size`` bytes, as JSON."""
+    return json.dumps({_INDEX_KEY: _INDEX_VERSION, "bytes": size, "samples": samples},
+                      separators=(",", ":")).encode("utf-8")
+
+
+def load_index(data, name, size):
+    """``index_tar``'s result for shard ``name`` from its index file's bytes.
+
+    Returns:
+        The samples, or None where the index was written for a shard of
+        another size (the shard was rewritten since): index the shard itself.
+
+    Raises:
+        CatalogError: An index that cannot be read, or places a part outside
+            the shard or twice in a sample; naming the index file.
+    """
+    where = index_name(name)
+    try:
+        index = json.loads(data)
+        if index.get(_INDEX_KEY) != _INDEX_VERSION:
+            raise ValueError(f"{_INDEX_KEY} is {index.get(_INDEX_KEY)!r}, not {_INDEX_VERSION}")
+        if index["bytes"] != size:
+            return None
+        samples = [(str(key), [(str(part), int(offset), int(length)) for part, offset, length in parts])
+                   for key, parts in index["samples"]]
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise CatalogError(f"tar shard index {where} cannot be read ({type(exc).__name__}: {exc}): delete it and "
+                           "the shard is indexed from its own headers") from None
+    for key, parts in samples:
+        names = [part for part, _, _ in parts]
+        bad = next(((p, o, n) for p, o, n in parts if o < 0 or n < 0 or o + n > size), None)
+        if bad is not None or len(set(names)) != len(names):
+            fault = (f"part {bad[0]!r} at bytes {bad[1]}-{bad[1] + bad[2]}, outside the shard's {size}"
+                     if bad is not None else f"parts {names}, one twice")
+            raise CatalogError(f"tar shard index {where}: sample {key!r} has {fault}: delete the index and the "
+                               "shard is indexed from its own headers")
+    if not samples:
+        raise CatalogError(f"tar shard index {where} lists no samples")
+    return samples

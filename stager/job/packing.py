@@ -20,6 +20,7 @@ import numpy as np
 from .progress import Progress
 from .synth import MANIFEST, _jpeg_image, _jpeg_noise, sample_shape
 from ..errors import ConfigError
+from ..formats.tar import dump_index, index_name, index_tar
 
 
 class Container:
@@ -74,12 +75,29 @@ class Container:
                 self.handle[name].resize(self.rows, axis=0)
         self.handle.close()
         os.replace(self.path + ".part", self.path)
+        if self.fmt == "tar":
+            _write_tar_index(self.path)
         return os.path.basename(self.path)
 
     def abort(self):
         """Drops it (its temporary file): an interrupted pack leaves no partial container."""
         self.handle.close()
         os.unlink(self.path + ".part")
+
+
+def _write_tar_index(path):
+    """Writes the index of the tar shard at ``path`` beside it (``formats.tar.index_name``), from its headers.
+
+    The catalog reads it instead of the shard: over an object store, indexing
+    the shard itself would fetch all of it before staging does.
+    """
+    size = os.path.getsize(path)
+    with open(path, "rb") as fh:
+        data = dump_index(index_tar(fh, os.path.basename(path), size), size)
+    side = os.path.join(os.path.dirname(path), index_name(os.path.basename(path)))
+    with open(side + ".part", "wb") as fh:
+        fh.write(data)
+    os.replace(side + ".part", side)
 
 
 def _fresh(out, fmt, per_shard):
