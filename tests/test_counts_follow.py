@@ -162,7 +162,10 @@ def test_a_source_that_stalls_for_two_seconds_grows_within_the_open_files_limit_
 def test_counts_timeline_is_in_the_report(tmp_path, halves):
     from stager.telemetry import pipeline_report
 
-    src = _source(tmp_path, halves, "slow")
+    # The fast half first: the probe measures 1 ms opens and starts small, then the slow half keeps the loop
+    # waiting on the source, so the counts change at least once whatever the machine's speed. (Slow first,
+    # a probe that starts at the most files in flight may have nothing left to change.)
+    src = _source(tmp_path, halves, "fast")
     with SlowFS(str(halves / "fast"), str(src / "fast"), open_ms=1.0), \
             SlowFS(str(halves / "slow"), str(src / "slow"), open_ms=30.0):
         cfg = config_from_dict({"dataset": {"source": str(src), "manifest": MANIFEST, "loader": "raw"},
