@@ -8,6 +8,7 @@ import gc
 import json
 import os
 import random
+import tempfile
 import warnings
 
 import numpy as np
@@ -104,7 +105,8 @@ def test_collate_fn_runs_in_the_readers_as_in_dataloaders_workers(jpegs, staging
     assert {pid for _, pid, _ in ours} <= readers
 
 
-def test_a_failing_collate_fn_names_the_minibatch_after_delivering_those_before(jpegs, staging):
+def test_a_failing_collate_fn_names_the_minibatch_after_delivering_those_before(jpegs, staging, tmp_path,
+                                                                                monkeypatch):
     # One minibatch only fails: with two, a reader may report the later one first, and either is a right answer.
     ds = Files(sorted(os.path.join(dp, f) for dp, _, fs in os.walk(jpegs) for f in fs))
 
@@ -117,8 +119,12 @@ def test_a_failing_collate_fn_names_the_minibatch_after_delivering_those_before(
         error.__traceback__ = None  # its frames hold DataLoader's iterator, whose collection ends its workers
         return len(got), error
 
-    theirs, their_error = count(DataLoader(ds, batch_size=5, num_workers=2, collate_fn=failing_collate))
-    gc.collect()
+    # DataLoader's workers, ended after the error, leave the directories of the listeners through which
+    # they handed tensors over (multiprocessing's pymp-*): here they land in the test's own directory.
+    with monkeypatch.context() as m:
+        m.setattr(tempfile, "tempdir", str(tmp_path))
+        theirs, their_error = count(DataLoader(ds, batch_size=5, num_workers=2, collate_fn=failing_collate))
+        gc.collect()
     with StagedLoader(ds, batch_size=5, num_workers=2, collate_fn=failing_collate, config=staging) as loader:
         ours, error = count(loader)
     # DataLoader raises in the failing minibatch's turn; stager as soon as the reader reports it.
