@@ -44,7 +44,6 @@ from stager.formats.shards import ShardLayout
 from stager.formats import SampleDecoder
 from stager.sources import check_relpath, parallel, reading
 
-from ._torch_shards import in_object_store
 from ._torchvision_import import import_torchvision
 
 # torchvision is the ``vision`` extra: without it, no DatasetFolder can be given.
@@ -103,8 +102,7 @@ def _in_store(leaves):
         TypeError: An object store's dataset beside other datasets: staging
             reads one source.
     """
-    stores = [dataset.stager_dataset for _, dataset in leaves
-              if in_object_store(getattr(getattr(dataset, "stager_dataset", None), "source", ""))]
+    stores = [dataset.stager_dataset for _, dataset in leaves if getattr(dataset, "stager_store", False)]
     if not stores:
         return None
     if len(leaves) > 1:
@@ -141,10 +139,10 @@ class TorchFiles:
         self.store = _in_store(self.leaves)
         if self.store is not None:
             # An object store's shards have no local paths to stat: the dataset's own catalog names them.
-            files = self.leaves[0][1].catalog.files
+            self._store_files = self.leaves[0][1].catalog.files
             self._file_of = self.leaves[0][1].catalog.layout.file_of[self.index_in]
-            self.root = files.root
-            self.rels = [files.path(k) for k in self._file_of.tolist()]
+            self.root = self._store_files.root
+            self.rels = [self._store_files.path(k) for k in self._file_of.tolist()]
             return
         full = [os.path.abspath(_path(*self.leaves[leaf], index))
                 for leaf, index in zip(self.leaf_of.tolist(), self.index_in.tolist())]
@@ -162,8 +160,8 @@ class TorchFiles:
             FileNotFoundError: Naming the first sample whose file cannot be read.
         """
         if self.store is not None:
-            files = self.leaves[0][1].catalog.files
-            return ShardCatalog(files, ShardLayout("custom", self._file_of, np.arange(len(self._file_of)), ()))
+            layout = ShardLayout("custom", self._file_of, np.arange(len(self._file_of)), ())
+            return ShardCatalog(self._store_files, layout)
         distinct = list(dict.fromkeys(self.rels))
 
         def look(rel):

@@ -23,12 +23,7 @@ from torch.utils.data import Dataset
 from stager.catalog import load_catalog
 from stager.config import config_from_dict
 from stager.formats.shards import ShardReader, decode_parts
-
-
-def in_object_store(source):
-    """True for a source that is not a file tree (``s3://...``)."""
-    scheme, sep, _ = source.partition("://")
-    return bool(sep) and scheme != "file"
+from stager.sources import open_source
 
 
 class ShardDataset(Dataset):
@@ -64,6 +59,7 @@ class ShardDataset(Dataset):
                              "your own dataset for it")
         self.catalog = catalog
         self.stager_dataset = dataset  # where StagedLoader stages from: the source and its store's settings
+        self.stager_store = open_source(dataset.source, dataset).local_root is None  # no files to open in place
         self.loader = loader
         self.transform = transform
         self.stager_window = window
@@ -73,7 +69,7 @@ class ShardDataset(Dataset):
         return len(self.catalog)
 
     def __getitem__(self, index):
-        if in_object_store(self.stager_dataset.source):
+        if self.stager_store:
             raise TypeError(f"ShardDataset over {self.stager_dataset.source}: its samples are read from staged "
                             "copies of their shards; give it to StagedLoader, which fetches each shard once "
                             "(read in place, every sample would fetch its whole shard)")
