@@ -9,17 +9,17 @@ carries, not a scan of every waiting request. A ``Release`` marks a request
 read; its files are unpinned when ``readpins.ReadPins`` says so, and the
 policy removes what it will not keep, which may make room for the next
 request waiting. How the files to fetch become prefetcher and peer tasks
-is ``dispatch.py``'s.
+is ``dispatch.py``'s; what a prefetcher's ``Staged`` does, ``fetched.py``'s.
 """
 
 import collections
-import errno
 import multiprocessing.connection as mpc
 import os
 import time
 
 import numpy as np
 
+from . import fetched
 from .dispatch import Dispatch, Request
 from .readpins import ReadPins
 from .roomwait import RoomWait
@@ -29,9 +29,6 @@ from ..peers import swaps
 from ..workers.pool import RETIRED
 from ... import telemetry as tm
 from ...cache import ABSENT, CacheFull, human
-from ...telemetry import NO_SPACE, PRESENT
-
-_NO_SPACE_TRIES = 3  # fetches of one file that may meet a full disk before the job fails
 
 
 class ServiceLoop:
@@ -267,70 +264,9 @@ class ServiceLoop:
                 self.fail(msg)
             return
         assert isinstance(msg, Staged), msg
-        telemetry, cache = self.s.telemetry, self.cache
-        self.dispatch.finished(msg)
-        # Files fetched at once each count their own time: the stage's busy seconds are per slot.
-        telemetry.record(tm.TASK, msg.task, len(msg.done), msg.seconds if msg.busy_s is None else msg.busy_s)
-        if msg.cpu_s is not None:  # of those seconds, on a core and queued for one: the rest waited on the source
-            telemetry.record(tm.TASK_CPU, msg.task, -1 if msg.queued_s is None else round(msg.queued_s * 1e6),
-                             msg.cpu_s)
-        on_staged = self.s.on_staged
-        full = [index for index, nbytes in msg.done if nbytes == NO_SPACE]
-        if self.s.peers is not None:
-            self.s.peers.measure(msg)
-        for index, nbytes in msg.done:
-            if nbytes == NO_SPACE:
-                continue
-            nbytes = self.s.probed.pop(index, nbytes) if nbytes == PRESENT else nbytes  # the probe's, at start
-            cache.staged(index)
-            self.no_space.pop(index, None)
-            if msg.route == "peer":
-                telemetry.record(tm.PEER, index, nbytes, msg.epoch)
-            else:
-                telemetry.record(tm.STAGED, index, nbytes, msg.epoch)
-                if msg.route == "fallback":
-                    telemetry.record(tm.FALLBACK, index, nbytes, msg.epoch)
-                if nbytes != PRESENT and on_staged is not None:  # an empty file is a file staged
-                    on_staged(self.catalog.path(index), nbytes, msg.epoch)
-            for request in self.waiting.pop(index, ()):
-                request.remaining -= 1
-                if not request.remaining and not request.answered:
-                    self.answer(request)
+        full = fetched.staged(self, msg)
         if full:
-            self.out_of_space(full, msg.epoch)
-
-    def out_of_space(self, indices, epoch):
-        """The local file system was full below the capacity (another job's files): evict and retry."""
-        cache = self.cache
-        for index in indices:
-            cache.not_fetched(index)
-            self.no_space[index] += 1
-        indices = np.array(indices)
-        want = int(cache.sizes[indices].sum())
-        victims = []
-        if max(self.no_space[i] for i in indices.tolist()) <= _NO_SPACE_TRIES:
-            try:
-                victims = cache.policy.victims(cache, want)
-                while int(cache.sizes[victims].sum()) < want:
-                    read = self.pins.oldest_read()  # the policy may evict too little: read minibatches too
-                    if read is None:
-                        break
-                    self.unpin([read])
-                    victims = cache.policy.victims(cache, want)
-            except CacheFull:
-                victims = []
-        if not victims or int(cache.sizes[victims].sum()) < want:
-            rel = self.catalog.path(indices[0])
-            self.fail(Failure("prefetch", "service", epoch, None, rel, "OSError",
-                              f"{os.strerror(errno.ENOSPC)}: the local file system under {self.s.local_dir} has no "
-                              f"room for {rel} and {len(indices) - 1} more file(s) ({human(want)}); this job uses "
-                              f"{human(cache.used)} there (staging.capacity "
-                              f"{human(cache.capacity) if cache.capacity else 'unbounded'}) and can evict nothing "
-                              "more: free space there or lower staging.capacity"))
-            return
-        self.remove(victims)
-        cache.fetching(indices)
-        self.dispatch.retry(indices, epoch)
+            fetched.out_of_space(self, full, msg.epoch)
 
     # Answers --------------------------------------------------------------
 
