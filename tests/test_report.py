@@ -166,6 +166,25 @@ def test_a_loop_waiting_on_stages_that_keep_up_is_told_to_ask_beyond_the_depth_a
     assert judge(report).advice == ["ask further ahead: staging.lookahead: 48 (now auto, which reached 24)"]
 
 
+def test_stages_that_keep_up_but_queue_for_the_cores_are_named_cores_not_asked_to_look_further(runs):
+    report = load_report(str(runs["source"]))
+    for node in report["nodes_accounting"].values():  # prefetchers that could deliver far more than the demand
+        node["prefetch"]["slots"] = 10_000
+    prefetch = report["stages"]["prefetch"]
+    assert prefetch["timed_busy_s"] > 0 and prefetch["queued_s"] is not None, prefetch
+    # The same run's fetches, as a full node would have queued them: a third of their time waiting for a core.
+    prefetch["queued_s"] = prefetch["timed_busy_s"] / 3
+    verdict = judge(report)
+    assert verdict.bottleneck == "cores", verdict
+    assert "33% of their time queued for a core" in verdict.reason and "prefetch " in verdict.reason
+    assert "reader.workers, now 2" in verdict.advice[0] and "lookahead" not in verdict.advice[0], verdict.advice
+    # Where the kernel does not say how long they queued, the wait is not put on the cores.
+    prefetch["queued_s"] = None
+    assert judge(report).bottleneck == "lookahead"
+    prefetch["queued_s"] = prefetch["timed_busy_s"] / 20
+    assert judge(report).bottleneck == "lookahead"
+
+
 def test_report_prints_the_summary_and_draws_every_plot(runs, tmp_path):
     plots = tmp_path / "plots"
     proc = subprocess.run(stager_cmd("report", str(runs["source"]), "--plots", str(plots)), capture_output=True,

@@ -14,9 +14,14 @@ The rules, in order (docs/analyze.md, "Where the time goes", lists them too):
    with the lowest capacity/demand below 1 is the bottleneck:
    **prefetch** (advice: ``staging.prefetchers`` = workers x demand /
    capacity) or **read** (``reader.workers``, the same way).
-3. **lookahead**: the loop waits but every stage could keep up: the work is
+3. **cores**: the loop waits, no stage is short of workers but the
+   prefetchers' fetches spent ``CORES_QUEUED`` of their time or more queued
+   for a core (the kernel's run-queue delay): the stages keep up alone and
+   wait on each other for the node's cores, which no staging count gives
+   back. Advice: fewer processes on the node, or more cores.
+4. **lookahead**: the loop waits but every stage could keep up: the work is
    asked for too late. Advice: double ``staging.lookahead``.
-4. Notes, whatever the bottleneck: the first minibatch took more than
+5. Notes, whatever the bottleneck: the first minibatch took more than
    ``STARTUP_NOTE`` of the run; the ranks of a node (or the nodes) waited
    unequally, by more than ``IMBALANCE`` of the wall time.
 """
@@ -31,6 +36,7 @@ IDLE = 0.25           # prefetchers busier than this are not too many
 STARTUP_NOTE = 0.10   # a first minibatch slower than this share of the wall time is worth a note
 IMBALANCE = 0.05      # ranks whose waits differ by more than this share of the wall time are unbalanced
 MAX_STEP = 4          # never suggest more than this many times the current workers at once
+CORES_QUEUED = 0.25   # prefetchers' fetch time queued for a core from which the cores, not the asking, are short
 
 
 @dataclass
@@ -38,7 +44,7 @@ class Verdict:
     """The bottleneck and the advice.
 
     Attributes:
-        bottleneck: ``compute``, ``prefetch``, ``read`` or ``lookahead``.
+        bottleneck: ``compute``, ``prefetch``, ``read``, ``cores`` or ``lookahead``.
         reason: One sentence with the numbers that decided it.
         advice: Sentences, each naming a setting and the numbers behind it.
         ratios: Capacity over demand of each stage considered.
@@ -171,6 +177,8 @@ def judge(report):
                                       f"{rdemand:,.0f} samples/s", ratios=ratios)
             verdict.advice.append(f"try {step} readers (reader.workers: {step})"
                                   + ("" if step == need else f"; {need} would match the demand if cores allow"))
+        elif _queued_share(report) >= CORES_QUEUED:
+            verdict = _cores(report, stall, ratios)
         else:
             lookahead = _config(report, "staging", "lookahead", 0)
             busy = ""
@@ -197,6 +205,27 @@ def judge(report):
                 verdict.advice.append("enable staging (staging.enabled: true) so files are fetched ahead of the "
                                       "loop")
     _notes(report, verdict)
+    return verdict
+
+
+def _queued_share(report):
+    """The share of the prefetchers' fetch time spent queued for a core; 0 where not measured."""
+    prefetch = report["stages"].get("prefetch")
+    return dict(fetch_split(prefetch)).get("queued for a core", 0.0) if prefetch else 0.0
+
+
+def _cores(report, stall, ratios):
+    queued = _queued_share(report)
+    readers = _config(report, "reader", "workers")
+    keep_up = ", ".join(f"{s} {r:.1f}x the demand" for s, r in sorted(ratios.items()))
+    verdict = Verdict("cores", f"the loop waited {stall:.1%} after the first minibatch although every stage could "
+                               f"keep up alone ({keep_up}), and the prefetchers' fetches spent {queued:.0%} of "
+                               "their time queued for a core: the stages wait on each other for the node's cores",
+                      ratios=ratios)
+    # Asking further ahead or adding workers queues more work for the same cores.
+    verdict.advice.append("no staging count gives the cores back: run fewer processes on the node (reader.workers"
+                          + (f", now {readers}" if readers is not None else "") + ", or the training's own "
+                          "threads), decode less per sample, or use a node with more cores")
     return verdict
 
 
