@@ -38,6 +38,27 @@ def test_the_last_node_to_read_a_file_holds_it_for_the_next():
     assert rule.holder(np.array([1]), 2, node=0).tolist() == [NO_OWNER]
 
 
+@pytest.mark.parametrize("owing, may_wait_at_its_step", [(2, False), (0, True)])
+def test_a_node_short_of_room_waits_only_for_fetches_earlier_in_step_then_node_order(owing, may_wait_at_its_step):
+    """File 0: node 1 at step 0, node ``owing`` at step 3, node 1 at step 5. Node 1, at step 6, keeps it until
+    ``owing`` fetches it for step 3. A request of node 1 for step 3 may wait for that fetch only where ``owing``
+    is numbered below it: two nodes at one step never wait for each other's fetches (4 nodes at their own pace
+    dropped files the job read again in 2 runs of 40, each waiting on no fetch but one for its own step)."""
+    rule = LatestReaders(*reads([(0, 1, 0), (3, owing, 0), (5, 1, 0)]), me=1, count=1)
+    rule.advance(6)
+    assert rule.owed(np.array([0])).tolist() == [3]
+    assert rule.owed_before(np.array([0]), 4).tolist() == [True]
+    assert rule.owed_before(np.array([0]), 3).tolist() == [may_wait_at_its_step]
+    assert rule.owed_before(np.array([0]), 2).tolist() == [False]
+    cache = Cache(np.ones(2, dtype=np.int64), "clairvoyant", capacity=1)
+    cache.holders = rule
+    cache.state[0], cache.staged_bytes = STAGED, 1
+    victims = cache.room_for(1, owed_before=3)
+    assert (victims is None and cache.waiting_for_peers) if may_wait_at_its_step else victims == [0]
+    rule.served(0, 3)
+    assert rule.owed_before(np.array([0]), 4).tolist() == [False]
+
+
 def test_a_holder_keeps_a_file_until_the_next_reader_fetched_it():
     rule = LatestReaders(*reads(ROWS), me=2, count=2)
     rule.advance(3)

@@ -134,8 +134,9 @@ class Cache:
             nbytes: Bytes to make room for.
             owed_before: With peers, a step: where only files held for the
                 job could still go, and the copies this node keeps until
-                other nodes fetch them for their steps before this one would
-                make the room, wait for those fetches (None is returned and
+                other nodes fetch them for their steps before this one (or
+                for this one, by a lower-numbered node: ``owed_before``)
+                would make the room, wait for those fetches (None is returned and
                 ``waiting_for_peers`` is set) rather than drop a file the job
                 would read again from the source. None: drop them (with
                 ``staging.peer_swaps`` the service gives what it drops to the
@@ -153,8 +154,7 @@ class Cache:
         freed = int(self.sizes[victims].sum()) if victims else 0
         if freed < need and self.holders is not None and owed_before is not None:
             free = np.flatnonzero((self.state == STAGED) & (self.pins == 0))
-            owed = self.holders.owed(free)
-            if int(self.sizes[free[(owed >= 0) & (owed < owed_before)]].sum()) >= need - freed:
+            if int(self.sizes[free[self.holders.owed_before(free, owed_before)]].sum()) >= need - freed:
                 self.waiting_for_peers = True
                 return None
         if freed < need and self.holders is not None:

@@ -193,9 +193,20 @@ class LatestReaders(_Position):
         """
         return self._held(indices)[1]
 
-    def _held(self, indices):
+    def owed_before(self, indices, seq):
+        """Per file, whether it is owed to a fetch this node's request for step ``seq`` may wait for.
+
+        Fetches for an earlier step, or for the same step by a lower-numbered
+        node (which asks nothing of this one at that step: ``holder``). Every
+        wait then goes to a fetch strictly earlier in (step, node) order, so
+        nodes that wait for each other's fetches never wait in a circle.
+        """
+        _, step, node = self._held(indices, with_node=True)
+        return (step >= 0) & ((step < seq) | ((step == seq) & (node < self.me)))
+
+    def _held(self, indices, with_node=False):
         """Per file: whether this node read it last; and the step of a node that read it since and has not
-        fetched it from here yet (-1: none)."""
+        fetched it from here yet (-1: none); ``with_node``: and that node (-1: none)."""
         indices = np.asarray(indices, dtype=np.int64)
         pos = np.searchsorted(self.keys, (indices << _STEP_BITS) | (self.now + 1)) - 1  # the latest read so far
         out = np.full(len(indices), -1, dtype=np.int64)
@@ -216,6 +227,8 @@ class LatestReaders(_Position):
             (self.nodes[pos[between] - 2] == self.me)
         step = self.keys[pos[between] - 1] & ((1 << _STEP_BITS) - 1)
         out[between] = np.where((self.handed[indices[between]] < step) & (step > self.now - HANDOFF_STEPS), step, -1)
+        by = np.full(len(indices), -1, dtype=np.int32)
+        by[between] = self.nodes[pos[between] - 1]
         open_ = valid & ~last & ~on  # someone read it after this node: has the first of them fetched it from here?
         for back in range(1, _HANDOFF_READS + 1):
             look = open_ & (pos - back >= 0)
@@ -225,8 +238,9 @@ class LatestReaders(_Position):
             mine[look] = self.nodes[pos[look] - back] == self.me
             step = self.keys[pos[mine] - back + 1] & ((1 << _STEP_BITS) - 1)
             out[mine] = np.where((self.handed[indices[mine]] < step) & (step > self.now - HANDOFF_STEPS), step, -1)
+            by[mine] = self.nodes[pos[mine] - back + 1]
             open_ &= ~mine
-        return last, out
+        return (last, out, np.where(out >= 0, by, -1)) if with_node else (last, out)
 
     def next_use(self, indices):
         """Steps until any node reads each file next (``inf``: never again; 0: a node is behind on it)."""
@@ -307,6 +321,9 @@ class FirstReaders(_Position):
 
     def owed(self, indices):
         return np.full(len(indices), -1, dtype=np.int64)  # an owner keeps its files for the whole job
+
+    def owed_before(self, indices, seq):
+        return np.zeros(len(indices), dtype=bool)
 
     def next_use(self, indices):
         return None
