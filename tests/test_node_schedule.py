@@ -3,9 +3,9 @@
 Four ranks on one node; every file of rank 0's share is behind a slow mount
 (40 ms an open), the others' behind a fast one (1 ms). With ``deadline``
 each free prefetcher takes the earliest minibatch of any rank, so the fast
-ranks' later minibatches wait behind the slow rank's next one: the order the
-leader staged files in (its ``--record``) never has a fast rank more than a
-few minibatches ahead of the slow one. ``arrival`` serves the ranks in the
+ranks' later minibatches wait behind the slow rank's next one: in the order
+the leader staged files in (its ``--record``), a fast rank never has more
+than a few minibatches staged beyond those the slow rank has. ``arrival`` serves the ranks in the
 order they asked, which lets one side run far ahead of the other.
 """
 
@@ -65,7 +65,12 @@ run: {{compute_ms: 5}}
 
 
 def _lead(staged_paths, paths):
-    """The most minibatches a fast rank had fully staged beyond the slow rank's, at any point of the order."""
+    """The most minibatches a fast rank had staged in order beyond those of the slow rank staged whole.
+
+    The slow rank's minibatches are counted whole in any order, not as a prefix: one of its opens that
+    straggles (a prefetcher off its core for a while) holds back that one minibatch, not every later one,
+    while each of the fast ranks' minibatches was handed out after the slow rank's earlier ones.
+    """
     plans = _plans()
     owner = {}
     for r, minibatches in plans.items():
@@ -74,15 +79,18 @@ def _lead(staged_paths, paths):
                 owner[paths[i]] = (r, seq)
     left = {(r, seq): len(m) for r, ms in plans.items() for seq, m in enumerate(ms)}
     complete = {r: 0 for r in plans}  # minibatches staged whole, in order, per rank
+    slow_whole = 0  # the slow rank's minibatches staged whole, in any order
     lead = 0
     for path in staged_paths:
         key = owner[path]
         left[key] -= 1
         r = key[0]
+        if r == 0 and left[key] == 0:
+            slow_whole += 1
         while complete[r] < len(plans[r]) and left[(r, complete[r])] == 0:
             complete[r] += 1
         if complete[0] < len(plans[0]):
-            lead = max(lead, max(complete[f] for f in range(1, RANKS)) - complete[0])
+            lead = max(lead, max(complete[f] for f in range(1, RANKS)) - slow_whole)
     return lead
 
 
