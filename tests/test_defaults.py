@@ -6,6 +6,7 @@ count set is watched from outside (inotify) to open each file of epoch 1
 on the source once, the probe's opens included.
 """
 
+import collections
 import os
 import threading
 
@@ -164,6 +165,42 @@ def test_the_chainer_front_end_keeps_n_processes_and_resolves_the_rest(slow_sour
         assert sum(len(batch) for batch in it) == len(load_catalog(cfg))
     finally:
         it.finalize()
+
+
+def test_a_chainer_dataset_on_the_defaults_opens_each_file_once_probe_included(tmp_path):
+    """The one-line change from MultiprocessIterator, nothing else set: Chainer's orders are drawn as the
+    iterator goes, and the probe reads the first ones' files into the staging directory all the same, so each
+    JPEG is opened on the source once in two epochs (inotify on the emulator's backing tree); each epoch
+    delivers every example once, equal to Chainer's own ``LabeledImageDataset`` reading of the source."""
+    chainer_front = pytest.importorskip("iterators.chainer", reason="Chainer is not installed (extra 'chainer')")
+    import chainer
+    from helpers.opens import Opens
+
+    data = tmp_path / "data"
+    make_dataset(str(data), 48, nbytes=3000, classes=3, seed=4, progress=False, fmt="jpeg")
+    os.remove(data / "manifest.tsv")
+    pairs = [(os.path.join(c, name), label) for label, c in enumerate(sorted(os.listdir(data)))
+             for name in sorted(os.listdir(data / c))]
+    expected = collections.Counter((chainer.datasets.LabeledImageDataset(pairs, root=str(data))[i][0].tobytes(),
+                                    label) for i, (_, label) in enumerate(pairs))
+    (tmp_path / "mnt").mkdir()
+    with SlowFS(str(data), str(tmp_path / "mnt"), open_ms=5.0) as mnt:
+        with Opens(data) as opens:
+            it = chainer_front.StagingIterator(chainer.datasets.LabeledImageDataset(pairs, root=mnt), 8,
+                                               config={"staging": {"local_dir": str(tmp_path / "local")}})
+            try:
+                epochs = [collections.Counter(), collections.Counter()]
+                while it.epoch < 2:
+                    epoch = it.epoch
+                    epochs[epoch].update((image.tobytes(), int(label)) for image, label in next(it))
+                start = it.report()["counts_timeline"][0]
+            finally:
+                it.finalize()
+            counts = opens.count()
+    assert start["why"].startswith("auto, from a probe")
+    assert epochs == [expected, expected]
+    assert dict(counts) == {path: 1 for path, _ in pairs}
+    assert not os.listdir(tmp_path / "local"), "the staging directory was not removed"
 
 
 def _run_counting_opens(data, tmp_path, **sections):

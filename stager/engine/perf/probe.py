@@ -7,6 +7,7 @@ loader, and counts the CPU all that took. ``cpu_ticks`` reads how busy the
 cores are, which the running tuner weighs.
 """
 
+import itertools
 import os
 import resource
 import shutil
@@ -200,6 +201,24 @@ def first_files(catalog, minibatches, files=PROBE_FILES, keep=None):
                 if len(picks) == files:
                     return picks
     return picks
+
+
+def peek_first_files(catalog, minibatches, files=PROBE_FILES):
+    """``first_files`` of a plan that is an iterator, read once: ``(first, the same minibatches, whole)``.
+
+    A front end that draws its orders as it goes (Chainer's order samplers)
+    hands the pipeline an iterator; the minibatches looked at here are put
+    back in front of the rest.
+    """
+    taken = []
+
+    def taking():
+        for batch in minibatches:
+            taken.append(batch)
+            yield batch
+
+    first = first_files(catalog, taking(), files)
+    return first, itertools.chain(taken, minibatches)
 
 
 def _cpu_seconds():

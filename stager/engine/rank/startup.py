@@ -23,7 +23,7 @@ from .. import perf
 from ..messages import Hello
 from ..node.service import StagingService
 from ..peers import node_holders, node_peers, reads_from_source
-from ..perf.probe import first_files
+from ..perf.probe import first_files, peek_first_files
 from ..tuning import autocounts
 from ..tuning.deepening import Deepening
 from ..wire import Ring
@@ -86,9 +86,13 @@ class Startup:
         # prefetchers find them; with peers, only those this node is the first to read (the others come
         # from the nodes that read them before it): a node with none takes another leader's measurements.
         first = None
-        if (auto_prefetch or auto_read) and hasattr(spec, "minibatches") and world.node_leader:
-            keep = None if holders is None else (lambda file, seq: reads_from_source(holders, file, seq))
-            first = first_files(self.catalog, spec.minibatches(world.rank), keep=keep) or None
+        if (auto_prefetch or auto_read) and world.node_leader:
+            if spec is not None:
+                keep = None if holders is None else (lambda file, seq: reads_from_source(holders, file, seq))
+                first = first_files(self.catalog, spec.minibatches(world.rank), keep=keep) or None
+            else:  # a plan drawn as it goes (Chainer's orders): read once, so what the probe looked at goes back
+                first, minibatches = peek_first_files(self.catalog, minibatches)
+                first = first or None
         self._staging, self._reader, self._auto, in_flight = autocounts.resolve(
             self._staging, self._reader, self._dataset, getattr(spec, "batch_size", self._plan_cfg.batch_size),
             self.catalog, source, world.node_comm if shared else None, self._loader, first,
