@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/loaders/defaults.py                          # 768 JPEGs, 20 ms an open, N = 2
     .venv/bin/python benchmarks/loaders/defaults.py --open-ms 10 --processes 4 --rounds 3 --json /tmp/defaults.json
+    .venv/bin/python benchmarks/loaders/defaults.py --frontend chainer --samples 3200 --open-ms 10 --processes 2,4,8
 
 An ImageFolder of 256x256 JPEGs behind the FUSE emulator at ``--open-ms``
 an open, ``Resize(64)`` and ``ToTensor``, batch 32, shuffled, no compute,
@@ -16,6 +17,12 @@ median seconds, the defaults' ratio to the best fixed count and to
 DataLoader, the opens of the source's files over the run (inotify,
 probe included), the loading processes seen, CPU seconds per process kind,
 and the counts the defaults chose (``counts_timeline``) with their reasons.
+
+``--frontend chainer`` runs the same rows in Chainer, as in Serizawa's
+set-up: ``LabeledImageDataset`` over the JPEGs (each decoded to a float32
+channel-first array, no resize), ``MultiprocessIterator(n_processes=N)``
+in place of DataLoader, and the one-line ``StagingIterator`` with
+``n_processes=N``.
 """
 
 import argparse
@@ -36,32 +43,72 @@ from torch_dropin import cpu_of, emulated_jpeg_folder, one_run_arguments, timed_
 BATCH = 32
 
 
-def one(args):
-    """One method in this process: epoch times, CPU per kind, loading processes, counts, as JSON."""
+def torch_loader(args, config):
+    """``(loader, samples)``: DataLoader or the one-line StagedLoader over the ImageFolder."""
     import torch
     from torch.utils.data import DataLoader
 
     from iterators.pytorch import StagedLoader
-    from stager.bench.cpu import CpuMeter
     from torchvision import transforms as T
     from torchvision.datasets import ImageFolder  # noqa: E402  (after iterators.pytorch)
 
     torch.manual_seed(0)
     train = ImageFolder(args.data, transform=T.Compose([T.Resize(64), T.ToTensor()]))
+    if args.one == "dataloader":
+        return DataLoader(train, batch_size=BATCH, shuffle=True, num_workers=args.n, persistent_workers=True), \
+            len(train)
+    return StagedLoader(train, batch_size=BATCH, shuffle=True, num_workers=args.n, config=config), len(train)
+
+
+class ChainerEpochs:
+    """A repeating Chainer iterator seen as one iterable per epoch of ``(examples, labels)`` batches."""
+
+    def __init__(self, iterator):
+        self.iterator = iterator
+
+    def __iter__(self):
+        while True:
+            batch = next(self.iterator)
+            yield [x for x, _ in batch], [y for _, y in batch]
+            if self.iterator.is_new_epoch:
+                return
+
+
+def chainer_loader(args, config):
+    """``(loader, samples)``: MultiprocessIterator or the one-line StagingIterator over LabeledImageDataset."""
+    from iterators.chainer import StagingIterator
+    import chainer  # noqa: E402  (after iterators.chainer, which prepares Chainer's import)
+
+    classes = sorted(os.listdir(args.data))
+    pairs = [(os.path.join(c, name), label) for label, c in enumerate(classes)
+             for name in sorted(os.listdir(os.path.join(args.data, c)))]
+    train = chainer.datasets.LabeledImageDataset(pairs, root=args.data)
+    if args.one == "dataloader":
+        it = chainer.iterators.MultiprocessIterator(train, BATCH, shuffle=True, n_processes=args.n)
+    else:
+        it = StagingIterator(train, BATCH, shuffle=True, n_processes=args.n, config=config)
+    return ChainerEpochs(it), len(train)
+
+
+def one(args):
+    """One method in this process: epoch times, CPU per kind, loading processes, counts, as JSON."""
+    from stager.bench.cpu import CpuMeter
+
     config = {"staging": {"local_dir": args.local}}
     if args.one.startswith("fixed-"):  # fixed-P: P prefetchers, one file each; fixed-PxT: T files each
         processes, _, threads = args.one.split("-", 1)[1].partition("x")
         config["staging"]["prefetchers"] = int(processes)
         config["dataset"] = {"requests_in_flight": int(threads or 1)}
-    if args.one == "dataloader":
-        loader = DataLoader(train, batch_size=BATCH, shuffle=True, num_workers=args.n, persistent_workers=True)
-    else:
-        loader = StagedLoader(train, batch_size=BATCH, shuffle=True, num_workers=args.n, config=config)
+    loader, samples = (chainer_loader if args.frontend == "chainer" else torch_loader)(args, config)
     with CpuMeter() as meter:
-        epochs, first, processes = timed_epochs(loader, args.epochs, len(train))
+        epochs, first, processes = timed_epochs(loader, args.epochs, samples)
+        if isinstance(loader, ChainerEpochs):
+            loader = loader.iterator
         timeline = loader.report().get("counts_timeline", []) if hasattr(loader, "report") else []
         if hasattr(loader, "close"):
             loader.close()
+        elif hasattr(loader, "finalize"):  # Chainer's iterators
+            loader.finalize()
         else:
             del loader
     print(json.dumps({"epochs": epochs, "first_batch_s": first, "cpu": meter.seconds(), "processes": processes,
@@ -75,7 +122,7 @@ def run(method, n, mnt, backing, work, daemon, args):
     local = tempfile.mkdtemp(prefix=f"local-{method}-", dir=work)
     before = cpu_of(daemon)
     cmd = [sys.executable, os.path.abspath(__file__), "--one", method, "--n", str(n), "--data", mnt,
-           "--local", local, "--epochs", str(args.epochs)]
+           "--local", local, "--epochs", str(args.epochs), "--frontend", args.frontend]
     env = dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS="1")
     with Opens(backing) as opens:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, env=env)
@@ -102,13 +149,17 @@ def main():
     parser.add_argument("--fixed", default="8,16,32",
                         help="the fixed rows: P (staging.prefetchers, one file in flight each) or PxT (T each)")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--frontend", choices=("torch", "chainer"), default="torch",
+                        help="torch: ImageFolder, DataLoader, StagedLoader; chainer: LabeledImageDataset, "
+                             "MultiprocessIterator, StagingIterator")
     parser.add_argument("--json", help="write the results here")
     one_run_arguments(parser)
     args = parser.parse_args()
     if args.one:
         return one(args)
     methods = ["dataloader", "defaults"] + [f"fixed-{p}" for p in args.fixed.split(",") if p]
-    out = {"samples": args.samples, "open_ms": args.open_ms, "epochs": args.epochs, "rows": {}}
+    out = {"samples": args.samples, "open_ms": args.open_ms, "epochs": args.epochs, "frontend": args.frontend,
+           "rows": {}}
     with emulated_jpeg_folder(args.samples, args.open_ms, "stager-defaults-") as (work, mnt, daemon, _):
         backing = os.path.join(work, "imgs")
         for n in (int(x) for x in args.processes.split(",")):
@@ -117,7 +168,9 @@ def main():
                 for method in methods:  # alternating: a slow spell of the machine falls on every method
                     results[method].append(run(method, n, mnt, backing, work, daemon, args))
             out["rows"][n] = results
-    print(f"{args.samples} JPEGs behind the emulator at {args.open_ms:g} ms an open; Resize(64), batch {BATCH}; "
+    baseline = "MultiprocessIterator" if args.frontend == "chainer" else "DataLoader"
+    decoding = "LabeledImageDataset (float32 CHW)" if args.frontend == "chainer" else "Resize(64)"
+    print(f"{args.samples} JPEGs behind the emulator at {args.open_ms:g} ms an open; {decoding}, batch {BATCH}; "
           f"{args.epochs} epochs; medians of {args.rounds} rounds; {os.cpu_count()} cores")
     for n, results in out["rows"].items():
         med = {m: median_epochs(r) for m, r in results.items()}
@@ -129,13 +182,13 @@ def main():
         for m in methods:
             r = results[m]
             cpu = {k: statistics.median(x["cpu"][k] for x in r) for k in ("rank", "readers", "prefetchers", "emulator")}
-            print(f"| {m} | " + " | ".join(f"{t:.2f}" for t in med[m]) +
+            print(f"| {baseline if m == 'dataloader' else m} | " + " | ".join(f"{t:.2f}" for t in med[m]) +
                   f" | {statistics.median(x['first_batch_s'] for x in r):.2f}"
                   f" | {max(x['opens'] for x in r)} ({min(x['files_opened'] for x in r)})"
                   f" | {max(x['processes'] for x in r)} | " + " / ".join(f"{cpu[k]:.2f}" for k in cpu) + " |")
         for e in range(args.epochs):
             best = min(med[m][e] for m in fixed) if fixed else None
-            line = f"epoch {e + 1}: defaults / DataLoader {med['defaults'][e] / med['dataloader'][e]:.2f}x"
+            line = f"epoch {e + 1}: defaults / {baseline} {med['defaults'][e] / med['dataloader'][e]:.2f}x"
             if best:
                 line += f", defaults / best fixed {med['defaults'][e] / best:.2f}x"
             print(line)

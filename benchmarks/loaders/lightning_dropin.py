@@ -7,10 +7,12 @@ The dataset, transforms and emulator of ``benchmarks/loaders/torch_dropin.py``
 (256x256 JPEGs, RandomResizedCrop(224) and the rest, ``--open-ms`` an
 open), trained by ``Trainer(accelerator="cpu", devices=2, strategy="ddp")``
 for ``--epochs`` epochs, batch 32 a rank, a small convolutional model. The
-``LightningDataModule`` returns, for each W of ``--workers``, alternating:
+``LightningDataModule`` returns, for each W of ``--workers``, in turn:
 ``DataLoader(num_workers=W, persistent_workers=True)`` (Lightning injects
-its ``DistributedSampler``), and ``StagedLoader(num_workers=max(1, W - 1))``
-with one prefetcher for the node keeping ``--in-flight`` files in flight:
+its ``DistributedSampler``); the one-line change,
+``StagedLoader(num_workers=W)`` with nothing else set (stager's defaults);
+and ``StagedLoader(num_workers=max(1, W - 1))`` with one prefetcher for the
+node keeping ``--in-flight`` files in flight (0 leaves this one out):
 2W loading processes against 2 max(1, W - 1) + 1 (one more at W = 1,
 one fewer above). Each run is a fresh process tree;
 rank 0 times each epoch between Lightning's epoch hooks, each rank reports
@@ -31,7 +33,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
 
-from torch_dropin import BATCH, bounds, cpu_of, emulated_jpeg_folder, transforms  # noqa: E402  (this directory)
+from torch_dropin import BATCH, cpu_of, emulated_jpeg_folder, transforms  # noqa: E402  (this directory)
 
 
 def one(args):
@@ -49,7 +51,7 @@ def one(args):
             train = ImageFolder(args.data, transform=transforms())
             if args.one == "dataloader":
                 return DataLoader(train, batch_size=BATCH, shuffle=True, num_workers=args.w, persistent_workers=True)
-            if not args.in_flight:  # the one-line change: DataLoader's arguments, stager's defaults
+            if args.one == "defaults":  # the one-line change: DataLoader's arguments, stager's defaults
                 return StagedLoader(train, batch_size=BATCH, shuffle=True, num_workers=args.w,
                                     config={"staging": {"local_dir": args.local}})
             return StagedLoader(train, batch_size=BATCH, shuffle=True, num_workers=readers(args.w),
@@ -90,6 +92,16 @@ def one(args):
     trainer.fit(Model(), datamodule=Data())
 
 
+METHODS = ("dataloader", "defaults", "stager")
+NAMES = {"dataloader": "DataLoader", "defaults": "StagedLoader, defaults", "stager": "StagedLoader, fixed"}
+
+
+def processes(method, w, result):
+    """Loading processes of the job: its readers (2 ranks) and the prefetchers seen."""
+    per_rank = {"dataloader": w, "defaults": w, "stager": readers(w)}[method]
+    return 2 * per_rank + result["prefetcher_processes"]
+
+
 def readers(w):
     """StagedLoader's readers a rank against DataLoader's ``w`` workers: one fewer, at least one."""
     return max(1, w - 1)
@@ -121,8 +133,9 @@ def run(method, w, mnt, local, daemon, args, work):
     ranks = [json.load(open(f"{out}.rank{r}")) for r in range(2)]
     rank_cpu = sum(r["cpu"] for r in ranks)  # their whole lives: imports and start-up too
     prefetchers = sum(cpu for name, cpu in seen.values() if name.startswith("stager-prefetch"))
+    forked = sum(1 for name, _ in seen.values() if name.startswith("stager-prefetch"))
     rest = sum(cpu for name, cpu in seen.values() if not name.startswith("stager-prefetch"))
-    return {"epochs": ranks[0]["epochs"],
+    return {"epochs": ranks[0]["epochs"], "prefetcher_processes": forked,
             "cpu": {"ranks": round(sum(r["cpu_training"] for r in ranks), 2), "loading workers": round(max(0.0, rest - rank_cpu), 2),
                     "prefetchers": round(prefetchers, 2), "emulator": round(cpu_of(daemon) - before, 2)}}
 
@@ -151,33 +164,36 @@ def main():
         free_before = available_cores()
         rows = []
         for w in counts:
-            local = os.path.join(work, f"local-{w}")
-            os.mkdir(local)
-            rows.append({"w": w, "dataloader": run("dataloader", w, mnt, local, daemon, args, work),
-                         "stager": run("stager", w, mnt, local, daemon, args, work)})
+            row = {"w": w}
+            for method in METHODS if args.in_flight else METHODS[:2]:
+                local = os.path.join(work, f"local-{method}-{w}")
+                os.mkdir(local)
+                row[method] = run(method, w, mnt, local, daemon, args, work)
+            rows.append(row)
         free_after = available_cores()
     print(f"Lightning ddp, 2 CPU ranks; {args.samples} JPEGs (256x256) behind the emulator at {args.open_ms:g} ms "
           f"an open; batch {BATCH} a rank; {args.epochs} epochs; transforms {d * 1000:.2f} ms CPU a sample; "
-          f"StagedLoader: 1 prefetcher for the node with {args.in_flight} files in flight + max(1, W - 1) readers a rank")
+          f"defaults: StagedLoader(num_workers=W), nothing else set; fixed: 1 prefetcher for the node with "
+          f"{args.in_flight} files in flight + max(1, W - 1) readers a rank")
     print(cores_note(free_before, free_after))
-    print("\n| W | epoch | DataLoader s | StagedLoader s | ratio | bounds' ratio |")
-    print("|---:|---:|---:|---:|---:|---:|")
+    print("\n| W | epoch | DataLoader s | defaults s | fixed s | defaults / DataLoader | defaults / fixed |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
     for row in rows:
-        # torch_dropin's bounds for the job's 2W DataLoader workers and 2 max(1, W - 1) readers.
-        dl_bound, _ = bounds(2 * row["w"], args.samples, args.open_ms / 1000, d, os.cpu_count(), args.in_flight,
-                             args.epochs)
-        _, st_bound = bounds(2 * readers(row["w"]) + 1, args.samples, args.open_ms / 1000, d, os.cpu_count(),
-                             args.in_flight, args.epochs)
-        for e, (a, b) in enumerate(zip(row["dataloader"]["epochs"], row["stager"]["epochs"])):
-            print(f"| {row['w']} | {e} | {a:.2f} | {b:.2f} | {a / b:.2f}x | {dl_bound[e] / st_bound[e]:.2f}x |")
+        fixed = row.get("stager", {"epochs": [None] * len(row["defaults"]["epochs"])})["epochs"]
+        for e, (a, b, c) in enumerate(zip(row["dataloader"]["epochs"], row["defaults"]["epochs"], fixed)):
+            # speed ratios: above 1 the defaults were faster
+            vs_fixed = "-" if c is None else f"{c / b:.2f}x"
+            print(f"| {row['w']} | {e} | {a:.2f} | {b:.2f} | {'-' if c is None else f'{c:.2f}'} | {a / b:.2f}x | "
+                  f"{vs_fixed} |")
     print("\n| W | method | loading processes | all epochs s | ranks CPU s | loading workers CPU s | "
           "prefetchers CPU s | emulator CPU s |")
     print("|---:|---|---:|---:|---:|---:|---:|---:|")
     for row in rows:
-        for method, processes in (("dataloader", 2 * row["w"]), ("stager", 2 * readers(row["w"]) + 1)):
+        for method in (m for m in METHODS if m in row):
             cpu = row[method]["cpu"]
-            print(f"| {row['w']} | {method} | {processes} | {sum(row[method]['epochs']):.2f} | {cpu['ranks']:.2f} | "
-                  f"{cpu['loading workers']:.2f} | {cpu['prefetchers']:.2f} | {cpu['emulator']:.2f} |")
+            print(f"| {row['w']} | {NAMES[method]} | {processes(method, row['w'], row[method])} | "
+                  f"{sum(row[method]['epochs']):.2f} | {cpu['ranks']:.2f} | {cpu['loading workers']:.2f} | "
+                  f"{cpu['prefetchers']:.2f} | {cpu['emulator']:.2f} |")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"samples": args.samples, "open_ms": args.open_ms, "decode_s": d, "rows": rows}, fh, indent=1)
