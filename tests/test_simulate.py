@@ -2,7 +2,6 @@
 
 import json
 import os
-import resource
 import subprocess
 
 import numpy as np
@@ -104,14 +103,12 @@ def test_a_slower_file_system_never_shortens_an_epoch():
         assert sum(epochs[-1]) > sum(epochs[0]), key
 
 
-def test_a_64_node_job_simulates_within_a_minute_of_cpu():
+def test_a_64_node_job_with_peers_reads_each_file_once_and_beats_reading_directly():
+    """What a simulation of 256 ranks gives; what it costs at scale is measured by benchmarks/simulator/."""
     sizes = np.full(64 * 4 * 32 * 12, 110_000)  # 12 steps an epoch on 256 ranks
-    before = resource.getrusage(resource.RUSAGE_SELF)
     result = simulate(_cfg(peers="partition", capacity="unbounded"),
                       load_profile(None, ["filesystem.mds_ops_per_s=20000", "filesystem.aggregate_mbps=20000"]),
                       Layout(64, 4), sizes, methods=["stager", "direct"])
-    after = resource.getrusage(resource.RUSAGE_SELF)
-    assert (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime) < 60
     staged, direct = result["methods"]["stager"], result["methods"]["direct"]
     assert staged["source_files"] == len(sizes), "with peers and room for all, each file once per job"
     assert direct["source_files"] == 3 * len(sizes)
