@@ -5,8 +5,9 @@ Four ranks on one node; every file of rank 0's share is behind a slow mount
 each free prefetcher takes the earliest minibatch of any rank, so the fast
 ranks' later minibatches wait behind the slow rank's next one: in the order
 the leader staged files in (its ``--record``), a fast rank never has more
-than a few minibatches staged beyond those the slow rank has. ``arrival`` serves the ranks in the
-order they asked, which lets one side run far ahead of the other.
+than a few minibatches staged beyond those the slow rank has. ``arrival``
+serves the ranks in the order they asked, which lets one side run far ahead
+of the other.
 """
 
 import json
