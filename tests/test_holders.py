@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from stager.cache import AUTO_DEPTH, MIN_DEPTH, STAGED, Cache, depth_note, fitting_depth
+from stager.cache import AUTO_DEPTH, MAX_DEPTH, MIN_DEPTH, STAGED, Cache, depth_note, fitting_depth
 from stager.config import PlanConfig, config_from_dict
 from stager.engine.peers import NO_OWNER, FirstReaders, LatestReaders, job_holders
 from stager.engine.peers.holders import HANDOFF_STEPS
@@ -299,6 +299,22 @@ def test_auto_look_ahead_leaves_room_for_the_nodes_share():
     assert depth_note(4, 5, 45_000, 25_000, 4000) is None
     assert depth_note("auto", 5, 45_000, 25_000, 4000)[0] == "info"
     assert depth_note("auto", AUTO_DEPTH, None, 25_000, 4000) is None
+
+
+def test_where_the_share_cannot_fit_auto_look_ahead_may_take_half_the_capacity():
+    total, files = 100 * 1000, 100
+    # 25,000 kept, 25,000 of room: it fits exactly, nothing left for the look-ahead but the floor.
+    assert fitting_depth(25_000, total, files, 4, 1, 0.25) == (MIN_DEPTH, 25_000)
+    # 24,000 of room cannot hold the 25,000: part is read again each epoch whatever the depth; half of it is
+    # the look-ahead's, 12,000 bytes, three minibatches of 4,000, at start and while running alike.
+    assert fitting_depth(24_000, total, files, 4, 1, 0.25) == (3, 25_000)
+    assert fitting_depth(24_000, total, files, 4, 1, 0.25, MAX_DEPTH)[0] == 3
+    level, text = depth_note("auto", 3, 24_000, 25_000, 4000)
+    assert level == "info" and "at most half of staging.capacity 23.4 KiB" in text and "cannot fit" in text
+    # A fixed 8 pins 32,000 bytes: 20,000 past the half auto leaves to the cache.
+    level, text = depth_note(8, 3, 24_000, 25_000, 4000)
+    assert level == "warning" and "leaving no room for 19.5 KiB of the 24.4 KiB" in text and "auto (3 here)" in text
+    assert depth_note(3, 3, 24_000, 25_000, 4000) is None
 
 
 def test_lookahead_is_auto_by_default_and_refuses_other_words():

@@ -4,14 +4,15 @@ One source directory holds two mounts of the emulated slow file system,
 ``fast/`` (1 ms an open) and ``slow/`` (40 ms), with 512 files of 16 KB each;
 one unshuffled epoch reads one half and then the other (both orders), batch
 32, 5 ms of compute a step. ``staging.prefetchers: auto`` (readers ``auto``
-in every run) against fixed prefetchers of a sweep, in rounds, medians
-reported. Then three phases in one job: a JPEG dataset (decoded to float32
+in every run: that row is the defaults) against fixed prefetchers of a
+sweep, in rounds, medians reported. Then three phases in one job: a JPEG dataset (decoded to float32
 CHW by 2 readers) behind one mount whose latency per open is 2 ms in the
 first epoch, 30 ms in the second and 2 ms in the third (set when the
 training reaches each epoch's first minibatch; the node cache holds 40% of
-the dataset, LRU, so most of every epoch is read from the source): ``auto`` prefetchers against each
-fixed count and against the count ``auto`` chose at start held fixed, per
-epoch and in total. Then four ranks of one node under mpiexec, rank 0's
+the dataset, LRU, so most of every epoch is read from the source): the
+defaults (no count set) and ``auto`` prefetchers against each fixed count
+and against the count ``auto`` chose at start held fixed, per epoch and in
+total. Then four ranks of one node under mpiexec, rank 0's
 files on the slow mount: the wall time and the per-rank stall with
 ``node_schedule`` ``deadline`` and ``arrival``.
 
@@ -57,13 +58,20 @@ def one_epoch(src, local, prefetchers, step_s=0.005):
 
 
 def three_phases(mount, src, local, prefetchers):
-    """One run of ``len(PHASES_MS)`` epochs; returns ``(seconds per epoch, counts at start)``."""
+    """One run of ``len(PHASES_MS)`` epochs; returns ``(seconds per epoch, counts at start)``.
+
+    ``prefetchers`` None is the defaults: no count set at all (prefetchers,
+    lookahead and readers left to stager), only the case's cache.
+    """
+    # A node cache of 40% of the dataset, LRU: most of every epoch is read from the source.
+    staging = {"local_dir": local, "capacity": PHASE_CAPACITY, "cache_policy": "lru"}
+    reader = {}
+    if prefetchers is not None:
+        staging.update(prefetchers=prefetchers, lookahead=4)
+        reader["workers"] = 2
     cfg = config_from_dict({"dataset": {"source": src, "manifest": MANIFEST, "loader": "image", "layout": "chw"},
                             "plan": {"batch_size": 32, "epochs": len(PHASES_MS), "seed": 1},
-                            # A node cache of 40% of the dataset, LRU: most of every epoch is read from the source.
-                            "staging": {"local_dir": local, "prefetchers": prefetchers, "capacity": PHASE_CAPACITY,
-                                        "cache_policy": "lru", "lookahead": 4},
-                            "reader": {"workers": 2}})
+                            "staging": staging, "reader": reader})
     mount.set(open_ms=PHASES_MS[0])
     marks = []
     begin = time.perf_counter()
@@ -86,15 +94,13 @@ def phase_runs(root, repeats):
     src = os.path.join(root, "jpeg-mnt")
     os.makedirs(src)
     local = os.path.join(root, "local-phases")
-    runs = {key: [] for key in ["auto", "start"] + [str(p) for p in PHASE_SWEEP]}
+    runs = {key: [] for key in ["defaults", "auto", "start"] + [str(p) for p in PHASE_SWEEP]}
     starts = []
     mount = SlowFS(data, src, open_ms=PHASES_MS[0])
     with mount:
         for _ in range(repeats):
             for key in runs:
-                # "start": the count auto chose at start in this round, held fixed.
-                prefetchers = "auto" if key == "auto" else starts[-1] if key == "start" else int(key)
-                epochs, start_count = three_phases(mount, src, local, prefetchers)
+                epochs, start_count = three_phases(mount, src, local, _setting(key, starts))
                 shutil.rmtree(local, ignore_errors=True)
                 if key == "auto":
                     starts.append(start_count)
@@ -102,6 +108,14 @@ def phase_runs(root, repeats):
     out = {key: [statistics.median(col) for col in zip(*rows)] for key, rows in runs.items()}
     out["start_counts"] = starts
     return out
+
+
+def _setting(key, starts):
+    """The prefetchers a row of the three-phase table runs with (None: the defaults)."""
+    if key in ("defaults", "auto"):
+        return None if key == "defaults" else "auto"
+    # "start": the count auto chose at start in this round, held fixed.
+    return starts[-1] if key == "start" else int(key)
 
 
 def halves(root, first):
@@ -190,7 +204,7 @@ def print_tables(out):
 
 
 def halves_table(out):
-    print("| first half | auto | " + " | ".join(f"{p} fixed" for p in SWEEP) + " | auto / best fixed |")
+    print("| first half | auto (the defaults) | " + " | ".join(f"{p} fixed" for p in SWEEP) + " | auto / best fixed |")
     print("|---" * (len(SWEEP) + 3) + "|")
     for first, row in out["halves"].items():
         best = min(row[str(p)]["wall_s"] for p in SWEEP)
@@ -204,12 +218,14 @@ def phases_table(ph):
     print(f"| prefetchers | epoch 1 ({PHASES_MS[0]:g} ms) | epoch 2 ({PHASES_MS[1]:g} ms) | "
           f"epoch 3 ({PHASES_MS[2]:g} ms) | total |")
     print("|---|---|---|---|---|")
-    for key in ["auto", "start"] + [str(p) for p in PHASE_SWEEP]:
-        name = {"auto": "auto", "start": f"auto's start ({ph['start_counts']}) held fixed"}.get(key, key)
+    for key in [k for k in ("defaults",) if k in ph] + ["auto", "start"] + [str(p) for p in PHASE_SWEEP]:
+        name = {"defaults": "defaults (nothing set)", "auto": "auto",
+                "start": f"auto's start ({ph['start_counts']}) held fixed"}.get(key, key)
         print(f"| {name} | " + " | ".join(f"{v:.2f} s" for v in ph[key]) + " |")
     fixed = [ph[str(p)] for p in PHASE_SWEEP]
     best = [min(col) for col in zip(*fixed)]
-    print("| auto / best fixed | " + " | ".join(f"{a / b:.2f}x" for a, b in zip(ph["auto"], best)) + " |")
+    for key in [k for k in ("defaults", "auto") if k in ph]:
+        print(f"| {key} / best fixed | " + " | ".join(f"{a / b:.2f}x" for a, b in zip(ph[key], best)) + " |")
     print(f"\nauto against its start held fixed, in total: {ph['start'][-1] / ph['auto'][-1]:.2f}x faster")
     print()
 

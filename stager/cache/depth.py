@@ -7,7 +7,12 @@ files the job will read again: with peers, the files this node holds for
 the others; without, the ones its own ranks read next epoch. ``auto`` is
 the deepest look-ahead that leaves room for the node's share of the
 dataset beside it, between ``MIN_DEPTH`` and ``AUTO_DEPTH`` minibatches;
-with room to spare (or no capacity), ``AUTO_DEPTH``.
+with room to spare (or no capacity), ``AUTO_DEPTH``. Where the share does
+not fit the capacity at all, part of it is read from the source again
+every epoch whatever the depth: a minibatch more of look-ahead then costs
+at most a minibatch more of those reads, where a look-ahead too shallow
+for the source's latency stalls steps, so the look-ahead may take half the
+capacity and the other half keeps files for the next epoch.
 
 While running, ``auto`` may go deeper, up to ``MAX_DEPTH`` where the room
 allows it (``fitting_depth(..., most=MAX_DEPTH)``): as deep as Little's law
@@ -31,7 +36,7 @@ def lookahead_depth(configured):
 
 
 def fitting_depth(capacity, total_bytes, files, batch_size, ranks, share, most=AUTO_DEPTH):
-    """The deepest look-ahead that leaves the node room for its share of the dataset.
+    """The deepest look-ahead that leaves the node room for its share of the dataset (half the capacity where it cannot fit).
 
     Args:
         capacity: The node cache's bytes, or None (unbounded).
@@ -49,7 +54,8 @@ def fitting_depth(capacity, total_bytes, files, batch_size, ranks, share, most=A
     if capacity is None or not files:
         return most, keep
     step = ranks * batch_size * total_bytes / files  # one minibatch of each of the node's ranks, files of mean size
-    fits = int((capacity - keep) // step) if step else most
+    room = capacity - keep if keep <= capacity else capacity / 2  # the module's docstring says why half
+    fits = int(room // step) if step else most
     return max(MIN_DEPTH, min(most, fits)), keep
 
 
@@ -91,10 +97,15 @@ def depth_note(configured, depth, capacity, keep, step_bytes):
     if configured == "auto":
         if depth >= AUTO_DEPTH:
             return None
+        if keep > capacity:
+            return "info", (f"staging.lookahead auto: {depth} minibatches, at most half of staging.capacity "
+                            f"{human(capacity)}: the {human(keep)} this node keeps for the job cannot fit it, and the "
+                            f"other half keeps what it can for the next epoch")
         return "info", (f"staging.lookahead auto: {depth} minibatches, so that the {human(keep)} this node keeps "
                         f"for the job fit beside the look-ahead in staging.capacity {human(capacity)}")
     pinned = int(configured) * step_bytes
-    over = min(keep, pinned + keep - capacity)
+    # Past auto's room: the share's bytes it evicts, or where the share cannot fit, those past half the capacity.
+    over = min(keep, pinned + keep - capacity) if keep <= capacity else int(pinned - capacity / 2)
     if int(configured) <= depth or over <= 0:
         return None
     return "warning", (f"staging.lookahead {configured} pins up to {human(pinned)} of staging.capacity "
