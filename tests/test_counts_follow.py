@@ -164,10 +164,12 @@ def test_counts_timeline_is_in_the_report(tmp_path, halves):
 
     # The fast half first: the probe measures 1 ms opens and starts small, then the slow half keeps the loop
     # waiting on the source, so the counts change at least once whatever the machine's speed. (Slow first,
-    # a probe that starts at the most files in flight may have nothing left to change.)
+    # a probe that starts at the most files in flight may have nothing left to change.) 80 ms, as in the first
+    # test: at 30 ms the slow half took 0.7 s at the start's 16 files in flight, under the two windows the
+    # controller needs to answer on a loaded machine, and the counts once never changed.
     src = _source(tmp_path, halves, "fast")
     with SlowFS(str(halves / "fast"), str(src / "fast"), open_ms=1.0), \
-            SlowFS(str(halves / "slow"), str(src / "slow"), open_ms=30.0):
+            SlowFS(str(halves / "slow"), str(src / "slow"), open_ms=80.0):
         cfg = config_from_dict({"dataset": {"source": str(src), "manifest": MANIFEST, "loader": "raw"},
                                 "plan": {"batch_size": BATCH, "epochs": 1, "shuffle": False},
                                 "staging": {"local_dir": str(tmp_path / "local"), "prefetchers": "auto"},
