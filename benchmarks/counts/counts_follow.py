@@ -5,15 +5,15 @@ One source directory holds two mounts of the emulated slow file system,
 one unshuffled epoch reads one half and then the other (both orders), batch
 32, 5 ms of compute a step. ``staging.prefetchers: auto`` (readers ``auto``
 in every run: that row is the defaults) against fixed prefetchers of a
-sweep, in rounds, medians reported. Then three phases in one job: a JPEG dataset (decoded to float32
-CHW by 2 readers) behind one mount whose latency per open is 2 ms in the
-first epoch, 30 ms in the second and 2 ms in the third (set when the
-training reaches each epoch's first minibatch; the node cache holds 40% of
-the dataset, LRU, so most of every epoch is read from the source): the
-defaults (no count set) and ``auto`` prefetchers against each fixed count
-and against the count ``auto`` chose at start held fixed, per epoch and in
-total. Then four ranks of one node under mpiexec, rank 0's
-files on the slow mount: the wall time and the per-rank stall with
+sweep, in rounds, medians reported. Then three phases in one job: a JPEG
+dataset (decoded to float32 CHW by 2 readers) behind one mount whose
+latency per open is 2 ms in the first epoch, 30 ms in the second and 2 ms
+in the third (set when the training reaches each epoch's first minibatch;
+the node cache holds 40% of the dataset, LRU, so most of every epoch is
+read from the source): the defaults (no count set) and ``auto``
+prefetchers against each fixed count and against the count ``auto`` chose
+at start held fixed, per epoch and in total. Then four ranks of one node
+under mpiexec, rank 0's files on the slow mount: the wall time and the per-rank stall with
 ``node_schedule`` ``deadline`` and ``arrival``.
 
     .venv/bin/python benchmarks/counts/counts_follow.py --json docs/counts-follow.json
@@ -112,8 +112,10 @@ def phase_runs(root, repeats):
 
 def _setting(key, starts):
     """The prefetchers a row of the three-phase table runs with (None: the defaults)."""
-    if key in ("defaults", "auto"):
-        return None if key == "defaults" else "auto"
+    if key == "defaults":
+        return None
+    if key == "auto":
+        return "auto"
     # "start": the count auto chose at start in this round, held fixed.
     return starts[-1] if key == "start" else int(key)
 

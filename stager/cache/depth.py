@@ -54,9 +54,16 @@ def fitting_depth(capacity, total_bytes, files, batch_size, ranks, share, most=A
     if capacity is None or not files:
         return most, keep
     step = ranks * batch_size * total_bytes / files  # one minibatch of each of the node's ranks, files of mean size
-    room = capacity - keep if keep <= capacity else capacity / 2  # the module's docstring says why half
-    fits = int(room // step) if step else most
+    fits = int(_room(capacity, keep) // step) if step else most
     return max(MIN_DEPTH, min(most, fits)), keep
+
+
+def _room(capacity, keep):
+    """Bytes of ``capacity`` the look-ahead may pin beside the ``keep`` bytes of the node's share.
+
+    Where the share cannot fit, half the capacity: the module's docstring says why.
+    """
+    return capacity - keep if keep <= capacity else capacity / 2
 
 
 def needed_depth(span_s, step_s):
@@ -104,8 +111,7 @@ def depth_note(configured, depth, capacity, keep, step_bytes):
         return "info", (f"staging.lookahead auto: {depth} minibatches, so that the {human(keep)} this node keeps "
                         f"for the job fit beside the look-ahead in staging.capacity {human(capacity)}")
     pinned = int(configured) * step_bytes
-    # Past auto's room: the share's bytes it evicts, or where the share cannot fit, those past half the capacity.
-    over = min(keep, pinned + keep - capacity) if keep <= capacity else int(pinned - capacity / 2)
+    over = min(keep, pinned - _room(capacity, keep))  # the bytes it pins past the room auto leaves it
     if int(configured) <= depth or over <= 0:
         return None
     return "warning", (f"staging.lookahead {configured} pins up to {human(pinned)} of staging.capacity "
