@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/loaders/lightning_dropin.py                       # 1,536 JPEGs, 10 ms an open, W = 2, 4
     .venv/bin/python benchmarks/loaders/lightning_dropin.py --samples 512 --workers 2 --json /tmp/lightning.json
+    .venv/bin/python benchmarks/loaders/lightning_dropin.py --workers 4 --rounds 3   # medians of 3 rounds
 
 The dataset, transforms and emulator of ``benchmarks/loaders/torch_dropin.py``
 (256x256 JPEGs, RandomResizedCrop(224) and the rest, ``--open-ms`` an
@@ -14,7 +15,9 @@ its ``DistributedSampler``); the one-line change,
 and ``StagedLoader(num_workers=max(1, W - 1))`` with one prefetcher for the
 node keeping ``--in-flight`` files in flight (0 leaves this one out):
 2W loading processes against 2 max(1, W - 1) + 1 (one more at W = 1,
-one fewer above). Each run is a fresh process tree;
+one fewer above). Each run is a fresh process tree; with ``--rounds`` every
+method runs once a round, the order turning each round, and the tables
+give each epoch's median (min-max over the rounds);
 rank 0 times each epoch between Lightning's epoch hooks, each rank reports
 its own CPU seconds (the table shows those of training, from Lightning's
 ``on_train_start``), and the benchmark samples every process of the tree
@@ -23,8 +26,11 @@ their start included).
 """
 
 import argparse
+import contextlib
 import json
 import os
+import signal
+import statistics
 import subprocess
 import sys
 import threading
@@ -107,6 +113,22 @@ def readers(w):
     return max(1, w - 1)
 
 
+def summary(results):
+    """One method's runs: each epoch's and each CPU figure's median; the epochs of every run under ``runs``."""
+    one = results[0]
+    return {"epochs": [statistics.median(r["epochs"][e] for r in results) for e in range(len(one["epochs"]))],
+            "prefetcher_processes": max(r["prefetcher_processes"] for r in results),
+            "cpu": {k: round(statistics.median(r["cpu"][k] for r in results), 2) for k in one["cpu"]},
+            "runs": [r["epochs"] for r in results]}
+
+
+def spread(row, method, epoch):
+    """``median (min-max)`` seconds of one epoch over the rounds; the median alone after one round."""
+    seconds = [epochs[epoch] for epochs in row[method]["runs"]]
+    median = f"{statistics.median(seconds):.2f}"
+    return median if len(seconds) == 1 else f"{median} ({min(seconds):.2f}-{max(seconds):.2f})"
+
+
 def tree_cpu(root, stop, seen):
     """Samples every process below ``root`` until ``stop``: ``seen[pid] = (name, CPU seconds)``."""
     from stager.bench.cpu import descendants, readings
@@ -121,13 +143,22 @@ def run(method, w, mnt, local, daemon, args, work):
     cmd = [sys.executable, os.path.abspath(__file__), "--one", method, "--w", str(w), "--data", mnt, "--local",
            local, "--epochs", str(args.epochs), "--in-flight", str(args.in_flight), "--out", out]
     env = dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS="1")
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    # Its own session: Lightning starts rank 1 below rank 0, and a run that fails or is interrupted ends whole.
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            start_new_session=True)
     stop, seen = threading.Event(), {}
     sampler = threading.Thread(target=tree_cpu, args=(proc.pid, stop, seen))
     sampler.start()
-    output, _ = proc.communicate(timeout=3600)
-    stop.set()
-    sampler.join()
+    try:
+        output, _ = proc.communicate(timeout=3600)
+    except BaseException:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise
+    finally:
+        stop.set()
+        sampler.join()
     if proc.returncode:
         sys.exit(f"{method} W={w} failed:\n{output}")
     ranks = [json.load(open(f"{out}.rank{r}")) for r in range(2)]
@@ -149,6 +180,8 @@ def main():
                         help="W: DataLoader workers a rank; StagedLoader max(1, W - 1) readers a rank")
     parser.add_argument("--in-flight", type=int, default=8,
                         help="files the node's prefetcher keeps in flight; 0: stager's defaults with num_workers=W")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run every method this many times, in turn; the tables give medians")
     parser.add_argument("--json", help="write the results here")
     for hidden in ("--one", "--data", "--local", "--out"):
         parser.add_argument(hidden, help=argparse.SUPPRESS)
@@ -162,15 +195,17 @@ def main():
     counts = [int(x) for x in args.workers.split(",")]
     with emulated_jpeg_folder(args.samples, args.open_ms, "stager-lightning-") as (work, mnt, daemon, d):
         free_before = available_cores()
-        rows = []
-        for w in counts:
-            row = {"w": w}
-            for method in METHODS if args.in_flight else METHODS[:2]:
-                local = os.path.join(work, f"local-{method}-{w}")
-                os.mkdir(local)
-                row[method] = run(method, w, mnt, local, daemon, args, work)
-            rows.append(row)
+        methods = METHODS if args.in_flight else METHODS[:2]
+        runs = {(w, m): [] for w in counts for m in methods}
+        for r in range(args.rounds):
+            for w in counts:
+                # the order turns each round, so no method always runs first on a cold page cache
+                for method in methods[r % len(methods):] + methods[:r % len(methods)]:
+                    local = os.path.join(work, f"local-{method}-{w}-{r}")
+                    os.mkdir(local)
+                    runs[w, method].append(run(method, w, mnt, local, daemon, args, work))
         free_after = available_cores()
+        rows = [dict({"w": w}, **{m: summary(runs[w, m]) for m in methods}) for w in counts]
     print(f"Lightning ddp, 2 CPU ranks; {args.samples} JPEGs (256x256) behind the emulator at {args.open_ms:g} ms "
           f"an open; batch {BATCH} a rank; {args.epochs} epochs; transforms {d * 1000:.2f} ms CPU a sample; "
           f"defaults: StagedLoader(num_workers=W), nothing else set; fixed: 1 prefetcher for the node with "
@@ -181,10 +216,10 @@ def main():
     for row in rows:
         fixed = row.get("stager", {"epochs": [None] * len(row["defaults"]["epochs"])})["epochs"]
         for e, (a, b, c) in enumerate(zip(row["dataloader"]["epochs"], row["defaults"]["epochs"], fixed)):
-            # speed ratios: above 1 the defaults were faster
+            # speed ratios of the medians: above 1 the defaults were faster
             vs_fixed = "-" if c is None else f"{c / b:.2f}x"
-            print(f"| {row['w']} | {e} | {a:.2f} | {b:.2f} | {'-' if c is None else f'{c:.2f}'} | {a / b:.2f}x | "
-                  f"{vs_fixed} |")
+            print(f"| {row['w']} | {e} | {spread(row, 'dataloader', e)} | {spread(row, 'defaults', e)} | "
+                  f"{'-' if c is None else spread(row, 'stager', e)} | {a / b:.2f}x | {vs_fixed} |")
     print("\n| W | method | loading processes | all epochs s | ranks CPU s | loading workers CPU s | "
           "prefetchers CPU s | emulator CPU s |")
     print("|---:|---|---:|---:|---:|---:|---:|---:|")
@@ -196,7 +231,8 @@ def main():
                   f"{cpu['prefetchers']:.2f} | {cpu['emulator']:.2f} |")
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"samples": args.samples, "open_ms": args.open_ms, "decode_s": d, "rows": rows}, fh, indent=1)
+            json.dump({"samples": args.samples, "open_ms": args.open_ms, "decode_s": d, "rounds": args.rounds,
+                       "rows": rows}, fh, indent=1)
 
 
 if __name__ == "__main__":

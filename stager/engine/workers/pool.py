@@ -22,11 +22,10 @@ import ctypes
 import logging
 import multiprocessing
 import os
-import signal
 import threading
 import time
 
-from .forksafe import restore_in_child, sigterm_noted
+from .forksafe import held_while_forking, sigterm_noted, worker_signals
 from ..messages import worker_died
 
 log = logging.getLogger(__name__)
@@ -70,7 +69,7 @@ def _name_process(name):
 
 def _entry(target, index, writers, tasks, stop, parent, start_method, inherited, args):
     mine = writers[index]
-    restore_in_child()
+    worker_signals()
     _name_process(multiprocessing.current_process().name)
     if start_method == "fork":
         for fd in inherited - {0, 1, 2, mine.fileno(), tasks._reader.fileno()}:
@@ -82,9 +81,6 @@ def _entry(target, index, writers, tasks, stop, parent, start_method, inherited,
         for j, writer in enumerate(writers):
             if j != index and writer is not None:  # a pool grown later hands over only its own
                 writer.close()
-    # Ctrl-C reaches the whole process group; the parent alone decides how to
-    # shut down, so a worker must not die mid-copy with a KeyboardInterrupt.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         target(index, parent, tasks, mine, stop, *args)
     except (BrokenPipeError, ConnectionResetError, EOFError):
@@ -136,7 +132,9 @@ class WorkerPool:
         self.procs = []
         fork = ctx.get_start_method() == "fork"
         try:
-            with sigterm_noted():  # a SIGTERM meanwhile is raised here, once the workers exist
+            # A SIGTERM meanwhile is raised here, once the workers exist; a worker takes a signal only
+            # once it has set its own handlers.
+            with sigterm_noted(), held_while_forking():
                 for i in range(count):
                     proc = ctx.Process(target=_entry, name=f"{name}-{i}", daemon=True,
                                        args=(target, i, writers, self.tasks, self.stop_event, os.getpid(),
@@ -261,7 +259,8 @@ class WorkerPool:
                                    args=(target, index, writers, self.tasks, self.stop_event, os.getpid(),
                                          ctx.get_start_method(), _open_fds() - set(keep) if fork else set(),
                                          args))
-                proc.start()
+                with held_while_forking():
+                    proc.start()
             except BaseException:
                 reader.close()
                 raise
