@@ -22,7 +22,10 @@ rank 0 times each epoch between Lightning's epoch hooks, each rank reports
 its own CPU seconds (the table shows those of training, from Lightning's
 ``on_train_start``), and the benchmark samples every process of the tree
 for the rest (prefetchers by name; the loading workers are the remainder,
-their start included).
+their start included). Rank 0 also reads the cores' busy ticks
+(``/proc/stat``) at each epoch's hooks: every process's work in that
+epoch, staging's and the emulator's included, against the cores x the
+epoch's seconds.
 """
 
 import argparse
@@ -51,6 +54,7 @@ def one(args):
     from torchvision.datasets import ImageFolder
 
     from iterators.pytorch import StagedLoader
+    from stager.engine.perf import cpu_ticks
 
     class Data(L.LightningDataModule):
         def train_dataloader(self):
@@ -69,7 +73,7 @@ def one(args):
             super().__init__()
             self.net = nn.Sequential(nn.Conv2d(3, 8, 5, stride=4), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
                                      nn.Linear(8, 10))
-            self.epochs, self.begin = [], None
+            self.epochs, self.begin, self.busy = [], None, []
 
         def training_step(self, batch, batch_idx):
             images, labels = batch
@@ -82,15 +86,20 @@ def one(args):
             self.cpu_at_start = sum(os.times()[:2])
 
         def on_train_epoch_start(self):
-            self.begin = time.perf_counter()
+            self.begin, self.ticks = time.perf_counter(), cpu_ticks()
 
         def on_train_epoch_end(self):
             self.epochs.append(time.perf_counter() - self.begin)
+            ticks = cpu_ticks()
+            # Every process's work on the machine's cores in the epoch (/proc/stat), staging's included.
+            self.busy.append(None if ticks is None or self.ticks is None
+                             else (ticks[0] - self.ticks[0]) / os.sysconf("SC_CLK_TCK"))
 
         def on_train_end(self):
             whole = sum(os.times()[:2])
             with open(f"{args.out}.rank{self.global_rank}", "w") as fh:
-                json.dump({"epochs": self.epochs, "cpu": whole, "cpu_training": whole - self.cpu_at_start}, fh)
+                json.dump({"epochs": self.epochs, "busy": self.busy, "cpu": whole,
+                           "cpu_training": whole - self.cpu_at_start}, fh)
 
     L.seed_everything(0)
     trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=args.epochs, logger=False,
@@ -117,6 +126,8 @@ def summary(results):
     """One method's runs: each epoch's and each CPU figure's median; the epochs of every run under ``runs``."""
     one = results[0]
     return {"epochs": [statistics.median(r["epochs"][e] for r in results) for e in range(len(one["epochs"]))],
+            "busy": [None if None in (b := [r["busy"][e] for r in results]) else statistics.median(b)
+                     for e in range(len(one["busy"]))],
             "prefetcher_processes": max(r["prefetcher_processes"] for r in results),
             "cpu": {k: round(statistics.median(r["cpu"][k] for r in results), 2) for k in one["cpu"]},
             "runs": [r["epochs"] for r in results]}
@@ -166,7 +177,7 @@ def run(method, w, mnt, local, daemon, args, work):
     prefetchers = sum(cpu for name, cpu in seen.values() if name.startswith("stager-prefetch"))
     forked = sum(1 for name, _ in seen.values() if name.startswith("stager-prefetch"))
     rest = sum(cpu for name, cpu in seen.values() if not name.startswith("stager-prefetch"))
-    return {"epochs": ranks[0]["epochs"], "prefetcher_processes": forked,
+    return {"epochs": ranks[0]["epochs"], "busy": ranks[0]["busy"], "prefetcher_processes": forked,
             "cpu": {"ranks": round(sum(r["cpu_training"] for r in ranks), 2), "loading workers": round(max(0.0, rest - rank_cpu), 2),
                     "prefetchers": round(prefetchers, 2), "emulator": round(cpu_of(daemon) - before, 2)}}
 
@@ -190,6 +201,7 @@ def main():
     if args.one:
         return one(args)
 
+    from stager.engine.perf import machine
     from stager.model.calibrate import available_cores, cores_note
 
     counts = [int(x) for x in args.workers.split(",")]
@@ -229,6 +241,14 @@ def main():
             print(f"| {row['w']} | {NAMES[method]} | {processes(method, row['w'], row[method])} | "
                   f"{sum(row[method]['epochs']):.2f} | {cpu['ranks']:.2f} | {cpu['loading workers']:.2f} | "
                   f"{cpu['prefetchers']:.2f} | {cpu['emulator']:.2f} |")
+    cores = machine()[0]
+    print(f"\n| W | method | cores busy s in each epoch, every process (share of {cores} cores x the epoch) |")
+    print("|---:|---|---|")
+    for row in rows:
+        for method in (m for m in METHODS if m in row):
+            cells = [f"{b:.1f} ({b / (w * cores):.0%})" if b is not None else "-"
+                     for b, w in zip(row[method]["busy"], row[method]["epochs"])]
+            print(f"| {row['w']} | {NAMES[method]} | {' / '.join(cells)} |")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"samples": args.samples, "open_ms": args.open_ms, "decode_s": d, "rounds": args.rounds,
