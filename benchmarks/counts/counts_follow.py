@@ -10,11 +10,15 @@ dataset (decoded to float32 CHW by 2 readers) behind one mount whose
 latency per open is 2 ms in the first epoch, 30 ms in the second and 2 ms
 in the third (set when the training reaches each epoch's first minibatch;
 the node cache holds 40% of the dataset, LRU, so most of every epoch is
-read from the source): the defaults (no count set) and ``auto``
-prefetchers against each fixed count and against the count ``auto`` chose
-at start held fixed, per epoch and in total. Then four ranks of one node
-under mpiexec, rank 0's files on the slow mount: the wall time and the per-rank stall with
-``node_schedule`` ``deadline`` and ``arrival``.
+read from the source): the defaults (no count set), the defaults with only
+the look-ahead set to the fixed rows' 4, and ``auto`` prefetchers against
+each fixed count and against the count ``auto`` chose at start held fixed,
+per epoch and in total, with how many of each later epoch's minibatches
+were staged before it began (its work done in the epoch before); each round
+starts one setting later than the last, and the JSON keeps every round.
+Then four ranks of one node under mpiexec, rank 0's files on the slow
+mount: the wall time and the per-rank stall with ``node_schedule``
+``deadline`` and ``arrival``.
 
     .venv/bin/python benchmarks/counts/counts_follow.py --json docs/counts-follow.json
 """
@@ -29,6 +33,7 @@ import sys
 import tempfile
 import time
 
+from stager import telemetry as tm
 from stager.config import config_from_dict
 from stager.engine import Pipeline
 from stager.job.synth import MANIFEST, make_dataset
@@ -39,6 +44,7 @@ HALF = 512
 PHASES_MS = (2.0, 30.0, 2.0)
 PHASE_SWEEP = (2, 4, 8, 16, 32)
 PHASE_FILES = 1536
+PHASE_BATCH = 32
 PHASE_STEP_S = 0.05
 PHASE_CAPACITY = "72M"
 
@@ -58,19 +64,26 @@ def one_epoch(src, local, prefetchers, step_s=0.005):
 
 
 def three_phases(mount, src, local, prefetchers):
-    """One run of ``len(PHASES_MS)`` epochs; returns ``(seconds per epoch, counts at start)``.
+    """One run of ``len(PHASES_MS)`` epochs; returns ``(seconds per epoch, counts at start, ahead)``.
+
+    ``ahead``: for each epoch after the first, its minibatches staged before
+    its first was taken (work of that epoch done in the one before).
 
     ``prefetchers`` None is the defaults: no count set at all (prefetchers,
-    lookahead and readers left to stager), only the case's cache.
+    lookahead and readers left to stager), only the case's cache;
+    ``"defaults-la4"`` is the defaults with only the look-ahead set to the
+    fixed rows' 4, to tell the look-ahead's part in the defaults' row.
     """
     # A node cache of 40% of the dataset, LRU: most of every epoch is read from the source.
     staging = {"local_dir": local, "capacity": PHASE_CAPACITY, "cache_policy": "lru"}
     reader = {}
-    if prefetchers is not None:
+    if prefetchers == "defaults-la4":
+        staging["lookahead"] = 4
+    elif prefetchers is not None:
         staging.update(prefetchers=prefetchers, lookahead=4)
         reader["workers"] = 2
     cfg = config_from_dict({"dataset": {"source": src, "manifest": MANIFEST, "loader": "image", "layout": "chw"},
-                            "plan": {"batch_size": 32, "epochs": len(PHASES_MS), "seed": 1},
+                            "plan": {"batch_size": PHASE_BATCH, "epochs": len(PHASES_MS), "seed": 1},
                             "staging": staging, "reader": reader})
     mount.set(open_ms=PHASES_MS[0])
     marks = []
@@ -83,8 +96,17 @@ def three_phases(mount, src, local, prefetchers):
             time.sleep(PHASE_STEP_S)  # the training step
         end = time.perf_counter()
         start_count = pipe.counts[0]
+        ahead = _staged_ahead(pipe.stats.telemetry.events([tm.READY, tm.CONSUMED]), PHASE_FILES // PHASE_BATCH)
     edges = [begin] + marks + [end]
-    return [b - a for a, b in zip(edges, edges[1:])], start_count
+    return [b - a for a, b in zip(edges, edges[1:])], start_count, ahead
+
+
+def _staged_ahead(events, per_epoch):
+    """For each epoch after the first, how many of its minibatches were staged before its first was taken."""
+    began = {seq // per_epoch: t for t, kind, seq, _, _ in events if kind == "consumed" and seq % per_epoch == 0}
+    return [sum(1 for t, kind, seq, _, _ in events
+                if kind == "ready" and seq // per_epoch == epoch and t < began[epoch])
+            for epoch in range(1, len(PHASES_MS))]
 
 
 def phase_runs(root, repeats):
@@ -94,19 +116,28 @@ def phase_runs(root, repeats):
     src = os.path.join(root, "jpeg-mnt")
     os.makedirs(src)
     local = os.path.join(root, "local-phases")
-    runs = {key: [] for key in ["defaults", "auto", "start"] + [str(p) for p in PHASE_SWEEP]}
+    # "auto" and "start" run as one unit: "start" holds the count auto chose just before.
+    units = [["defaults"], ["defaults-la4"], ["auto", "start"]] + [[str(p)] for p in PHASE_SWEEP]
+    runs = {key: [] for unit in units for key in unit}
+    ahead = {key: [] for key in runs}
     starts = []
     mount = SlowFS(data, src, open_ms=PHASES_MS[0])
     with mount:
-        for _ in range(repeats):
-            for key in runs:
-                epochs, start_count = three_phases(mount, src, local, _setting(key, starts))
+        for round_ in range(repeats):
+            # Each round starts one unit later, so no setting always runs first after the
+            # dataset is written or right after the same neighbour.
+            shift = round_ % len(units)
+            for key in [key for unit in units[shift:] + units[:shift] for key in unit]:
+                epochs, start_count, staged = three_phases(mount, src, local, _setting(key, starts))
                 shutil.rmtree(local, ignore_errors=True)
                 if key == "auto":
                     starts.append(start_count)
                 runs[key].append(epochs + [sum(epochs)])
+                ahead[key].append(staged)
     out = {key: [statistics.median(col) for col in zip(*rows)] for key, rows in runs.items()}
     out["start_counts"] = starts
+    out["rounds"] = runs
+    out["ahead"] = ahead
     return out
 
 
@@ -114,8 +145,8 @@ def _setting(key, starts):
     """The prefetchers a row of the three-phase table runs with (None: the defaults)."""
     if key == "defaults":
         return None
-    if key == "auto":
-        return "auto"
+    if key in ("auto", "defaults-la4"):
+        return key
     # "start": the count auto chose at start in this round, held fixed.
     return starts[-1] if key == "start" else int(key)
 
@@ -218,16 +249,17 @@ def halves_table(out):
 
 def phases_table(ph):
     print(f"| prefetchers | epoch 1 ({PHASES_MS[0]:g} ms) | epoch 2 ({PHASES_MS[1]:g} ms) | "
-          f"epoch 3 ({PHASES_MS[2]:g} ms) | total |")
-    print("|---|---|---|---|---|")
-    for key in [k for k in ("defaults",) if k in ph] + ["auto", "start"] + [str(p) for p in PHASE_SWEEP]:
-        name = {"defaults": "defaults (nothing set)", "auto": "auto",
+          f"epoch 3 ({PHASES_MS[2]:g} ms) | total | epochs 2 / 3: minibatches staged before each began |")
+    print("|---|---|---|---|---|---|")
+    for key in [k for k in ("defaults", "defaults-la4") if k in ph] + ["auto", "start"] + [str(p) for p in PHASE_SWEEP]:
+        name = {"defaults": "defaults (nothing set)", "defaults-la4": "defaults, look-ahead 4", "auto": "auto",
                 "start": f"auto's start ({ph['start_counts']}) held fixed"}.get(key, key)
-        print(f"| {name} | " + " | ".join(f"{v:.2f} s" for v in ph[key]) + " |")
+        staged = " / ".join(f"{statistics.median(col):g}" for col in zip(*ph["ahead"][key])) if "ahead" in ph else "-"
+        print(f"| {name} | " + " | ".join(f"{v:.2f} s" for v in ph[key]) + f" | {staged} |")
     fixed = [ph[str(p)] for p in PHASE_SWEEP]
     best = [min(col) for col in zip(*fixed)]
-    for key in [k for k in ("defaults", "auto") if k in ph]:
-        print(f"| {key} / best fixed | " + " | ".join(f"{a / b:.2f}x" for a, b in zip(ph[key], best)) + " |")
+    for key in [k for k in ("defaults", "defaults-la4", "auto") if k in ph]:
+        print(f"| {key} / best fixed | " + " | ".join(f"{a / b:.2f}x" for a, b in zip(ph[key], best)) + " | |")
     print(f"\nauto against its start held fixed, in total: {ph['start'][-1] / ph['auto'][-1]:.2f}x faster")
     print()
 
