@@ -254,7 +254,7 @@ def phases_table(ph):
     for key in [k for k in ("defaults", "defaults-la4") if k in ph] + ["auto", "start"] + [str(p) for p in PHASE_SWEEP]:
         name = {"defaults": "defaults (nothing set)", "defaults-la4": "defaults, look-ahead 4", "auto": "auto",
                 "start": f"auto's start ({ph['start_counts']}) held fixed"}.get(key, key)
-        staged = " / ".join(f"{statistics.median(col):g}" for col in zip(*ph["ahead"][key])) if "ahead" in ph else "-"
+        staged = " / ".join(f"{statistics.median(col):g}" for col in zip(*ph["ahead"][key]))
         print(f"| {name} | " + " | ".join(f"{v:.2f} s" for v in ph[key]) + f" | {staged} |")
     fixed = [ph[str(p)] for p in PHASE_SWEEP]
     best = [min(col) for col in zip(*fixed)]
