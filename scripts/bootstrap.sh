@@ -22,9 +22,10 @@ esac
 
 # FUSE runs the emulated slow file system, whose C engine is compiled here
 # against libfuse3; Slurm and munge run the sbatch template tests on a real
-# single-node cluster; python3-venv makes the venv on a bare Debian. Missing
-# ones are installed when we are root, else named.
-apt_packages=(fuse3 libfuse3-3 libfuse3-dev pkg-config gcc libc6-dev slurmd slurmctld slurm-client munge)
+# single-node cluster; strace counts the calls a staged file costs its source
+# (tests/test_source_calls.py); python3-venv makes the venv on a bare Debian.
+# Missing ones are installed when we are root, else named.
+apt_packages=(fuse3 libfuse3-3 libfuse3-dev pkg-config gcc libc6-dev slurmd slurmctld slurm-client munge strace)
 python3 -m venv --help >/dev/null 2>&1 || apt_packages+=(python3-venv)
 missing=()
 for pkg in "${apt_packages[@]}"; do

@@ -35,12 +35,31 @@ def _write_file(path, seed):
     return data
 
 
-class Rewriter(threading.Thread):
-    """Rewrites a file in place, same size, once a copy of it (``pattern``'s temporary file) passes 256 KiB."""
+def rewrite(path):
+    """In place: same inode, same size, new content and times."""
+    with open(path, "r+b") as fh:
+        fh.write(os.urandom(SIZE))
 
-    def __init__(self, path, pattern, timeout_s=60.0):
+
+def truncate(path):
+    os.truncate(path, SIZE // 2)
+
+
+def extend(path):
+    with open(path, "ab") as fh:
+        fh.write(os.urandom(1 << 20))
+
+
+CHANGES = {"truncated": truncate, "extended": extend, "rewritten": rewrite}
+
+
+class Rewriter(threading.Thread):
+    """Changes a file (``change``, by default ``rewrite``) once a copy of it (``pattern``'s temporary file) passes 256 KiB."""
+
+    def __init__(self, path, pattern, timeout_s=60.0, change=rewrite):
         super().__init__(daemon=True)
         self.path, self.pattern, self.deadline = path, pattern, time.monotonic() + timeout_s
+        self.change = change
         self.new = None
 
     def run(self):
@@ -50,8 +69,7 @@ class Rewriter(threading.Thread):
             time.sleep(0.001)  # polls the copy's progress: no event tells another process's file size
         else:
             return
-        with open(self.path, "r+b") as fh:  # in place: same inode, no truncation
-            fh.write(os.urandom(SIZE))
+        self.change(self.path)
         with open(self.path, "rb") as fh:
             self.new = fh.read()
 
@@ -99,6 +117,72 @@ def test_without_checks_the_same_rewrite_publishes_a_torn_copy(slow_tree, tmp_pa
     with open(os.path.join(dst, "big.bin"), "rb") as fh:
         copy = fh.read()
     assert copy[:256 << 10] == old[:256 << 10] and copy[-1024:] == writer.new[-1024:]
+
+
+def _catalog_entry(path):
+    st = os.stat(path)
+    return st.st_size, st.st_mtime_ns
+
+
+@pytest.mark.parametrize("change", sorted(CHANGES))
+@pytest.mark.parametrize("where", ["emulator", "directory"])
+def test_a_file_changed_after_the_catalog_is_never_copied(slow_tree, tmp_path, change, where):
+    # The open's own attributes (one plain fstat, as a direct read asks) tell
+    # the change; on the emulator the kernel cached the old ones at the
+    # catalog's stat, as a Lustre client does until a writer revokes them.
+    root, mnt, _ = slow_tree
+    source_root = mnt if where == "emulator" else root
+    size, mtime_ns = _catalog_entry(os.path.join(source_root, "big.bin"))
+    CHANGES[change](os.path.join(root, "big.bin"))
+    dst = str(tmp_path / "dst")
+    with pytest.raises(SourceChanged) as info:
+        PosixSource(source_root).fetch("big.bin", size, mtime_ns, dst)
+    assert os.path.join(source_root, "big.bin") in str(info.value)
+    assert "changed since the catalog was made" in str(info.value)
+    assert not os.path.exists(dst) or not os.listdir(dst)
+
+
+@pytest.mark.parametrize("change", sorted(CHANGES))
+def test_a_file_changed_during_its_copy_through_the_emulator_is_never_published(slow_tree, tmp_path, change):
+    root, mnt, _ = slow_tree
+    size, mtime_ns = _catalog_entry(os.path.join(mnt, "big.bin"))
+    dst = str(tmp_path / "dst")
+    writer = Rewriter(os.path.join(root, "big.bin"), os.path.join(dst, ".big.bin.*.part"), change=CHANGES[change])
+    writer.start()
+    with pytest.raises(SourceChanged) as info:
+        PosixSource(mnt).fetch("big.bin", size, mtime_ns, dst)
+    writer.join()
+    assert writer.new is not None, "the change did not happen during the copy"
+    assert f"{os.path.join(mnt, 'big.bin')} changed during the copy" in str(info.value)
+    assert "changed since the catalog was made" in str(info.value)
+    assert os.listdir(dst) == []
+
+
+@pytest.mark.parametrize("change", sorted(CHANGES))
+def test_a_file_changed_during_its_copy_from_a_directory_is_never_published(tmp_path, monkeypatch, change):
+    # A local copy is over in a millisecond: the change is made between the
+    # copy's first 256 KiB and the rest, by the real sendfile's caller.
+    path = tmp_path / "data" / "big.bin"
+    path.parent.mkdir()
+    _write_file(path, 3)
+    size, mtime_ns = _catalog_entry(path)
+    sendfile, changed = os.sendfile, []
+
+    def sendfile_then_change(out_fd, in_fd, offset, count):
+        if changed:
+            return sendfile(out_fd, in_fd, offset, count)
+        sent = sendfile(out_fd, in_fd, offset, min(count, 256 << 10))
+        CHANGES[change](str(path))
+        changed.append(sent)
+        return sent
+
+    monkeypatch.setattr(os, "sendfile", sendfile_then_change)
+    dst = str(tmp_path / "dst")
+    with pytest.raises(SourceChanged) as info:
+        PosixSource(str(tmp_path / "data")).fetch("big.bin", size, mtime_ns, dst)
+    assert changed == [256 << 10]
+    assert f"{path} changed during the copy" in str(info.value)
+    assert os.listdir(dst) == []
 
 
 def test_a_job_whose_file_is_rewritten_during_its_copy_fails_naming_it(tmp_path):

@@ -100,7 +100,7 @@ def _operations(root, settings, ready_fd, ignore_interrupts=False):
                 os.close(ready_fd)
 
         def getattr(self, path, fh=None):
-            st = os.lstat(self._full(path))
+            st = os.lstat(self._full(path)) if fh is None else os.fstat(fh)
             keys = ("st_mode", "st_nlink", "st_size", "st_uid", "st_gid", "st_atime_ns", "st_mtime_ns",
                     "st_ctime_ns")
             out = {k.replace("_ns", ""): getattr(st, k) for k in keys}
@@ -184,7 +184,9 @@ def serve(source, mountpoint, open_ms, mbps, ready_fd=None, owner_fd=None, remov
     ops = _operations(source, settings, ready_fd, ignore_interrupts)
     # libfuse serves at most 10 requests at once by default: fewer than the
     # opens a parallel file system takes at once, and than 16 prefetchers.
-    mfusepy.FUSE(ops, mountpoint, foreground=True, nothreads=False, ro=True, max_threads=128,
+    # Attributes are not kept (the C engine keeps them and drops those of a
+    # file that changes beneath it): an fstat always sees the file as it is.
+    mfusepy.FUSE(ops, mountpoint, foreground=True, nothreads=False, ro=True, max_threads=128, attr_timeout=0,
                  fsname=f"{FSNAME}:{os.getpid()}", default_permissions=True)
     if owner_gone.is_set() and remove_mountpoint:
         try:

@@ -35,11 +35,13 @@
 #include <fcntl.h>
 #include <fuse.h>
 #include <limits.h>
+#include <poll.h>
 #include <pthread.h>
 #include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/inotify.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <sys/wait.h>
@@ -138,6 +140,134 @@ static int full_path(char *out, const char *path)
     return n >= PATH_MAX ? -ENAMETOOLONG : 0;
 }
 
+/* Coherent attributes, as on Lustre. The kernel keeps names and attributes
+ * (sfs_init), yet a file changed in the tree beneath must not keep showing
+ * its old size and times: on Lustre a writer revokes every client's lock on
+ * the file, and the client's next stat asks the servers again. Here inotify
+ * reports each change in the tree and the daemon drops the kernel's cached
+ * attributes of that path. Each open first applies the changes already
+ * reported, so an fstat after an open always sees a change made before it
+ * (Lustre's open returns the file's current attributes); a change during
+ * an open file's reads is applied by the watcher thread within moments. */
+static struct fuse *the_fuse;
+static int changes_fd = -1;
+static pthread_mutex_t changes_lock = PTHREAD_MUTEX_INITIALIZER;
+static char **watched;  /* by watch descriptor: the directory's path under the root ("" is the root) */
+static int watched_len;
+
+#define CHANGES (IN_MODIFY | IN_ATTRIB | IN_CLOSE_WRITE | IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO)
+
+/* Watches `rel` (a directory under the root) and every directory below it. */
+static void watch_tree(const char *rel)
+{
+    char full[PATH_MAX];
+    if (snprintf(full, sizeof full, "%s%s", opt.root, rel[0] ? rel : "/") >= (int)sizeof full)
+        return;
+    int wd = inotify_add_watch(changes_fd, full, CHANGES | IN_ONLYDIR);
+    if (wd < 0) {
+        static int warned;
+        if (!warned++)
+            fprintf(stderr, "slowfsd: cannot watch %s (%s): files changed in the tree may show their old "
+                            "attributes\n", full, strerror(errno));
+        return;
+    }
+    if (wd >= watched_len) {
+        int len = wd * 2 + 16;
+        char **grown = realloc(watched, (size_t)len * sizeof *watched);
+        if (grown == NULL)
+            return;
+        memset(grown + watched_len, 0, (size_t)(len - watched_len) * sizeof *watched);
+        watched = grown;
+        watched_len = len;
+    }
+    free(watched[wd]);
+    watched[wd] = strdup(rel);
+    DIR *dir = opendir(full);
+    if (dir == NULL)
+        return;
+    struct dirent *entry;
+    while ((entry = readdir(dir)) != NULL) {
+        if (strcmp(entry->d_name, ".") == 0 || strcmp(entry->d_name, "..") == 0)
+            continue;
+        char sub[PATH_MAX];
+        if (snprintf(sub, sizeof sub, "%s/%s", rel, entry->d_name) >= (int)sizeof sub)
+            continue;
+        int is_dir = entry->d_type == DT_DIR;
+        if (entry->d_type == DT_UNKNOWN) {
+            struct stat st;
+            char path[PATH_MAX];
+            is_dir = snprintf(path, sizeof path, "%s%s", opt.root, sub) < (int)sizeof path
+                     && lstat(path, &st) == 0 && S_ISDIR(st.st_mode);
+        }
+        if (is_dir)
+            watch_tree(sub);
+    }
+    closedir(dir);
+}
+
+/* Applies every change reported so far. Called with changes_lock held. */
+static void apply_changes(void)
+{
+    char buf[16384] __attribute__((aligned(__alignof__(struct inotify_event))));
+    ssize_t n;
+    while ((n = read(changes_fd, buf, sizeof buf)) > 0) {
+        for (char *p = buf; p < buf + n;) {
+            const struct inotify_event *ev = (const struct inotify_event *)p;
+            p += sizeof *ev + ev->len;
+            if (ev->wd < 0 || ev->wd >= watched_len || watched[ev->wd] == NULL)
+                continue;
+            if (ev->mask & IN_IGNORED) {
+                free(watched[ev->wd]);
+                watched[ev->wd] = NULL;
+                continue;
+            }
+            if (ev->len == 0)
+                continue;
+            char rel[PATH_MAX];
+            if (snprintf(rel, sizeof rel, "%s/%s", watched[ev->wd], ev->name) >= (int)sizeof rel)
+                continue;
+            if ((ev->mask & IN_ISDIR) && (ev->mask & (IN_CREATE | IN_MOVED_TO)))
+                watch_tree(rel);
+            fuse_invalidate_path(the_fuse, rel);  /* -ENOENT when the kernel holds nothing of it */
+        }
+    }
+}
+
+static void take_changes(void)
+{
+    if (changes_fd < 0)
+        return;
+    pthread_mutex_lock(&changes_lock);
+    apply_changes();
+    pthread_mutex_unlock(&changes_lock);
+}
+
+static void *watch_changes(void *unused)
+{
+    (void)unused;
+    struct pollfd pfd = {.fd = changes_fd, .events = POLLIN};
+    while (poll(&pfd, 1, -1) >= 0 || errno == EINTR)
+        take_changes();
+    return NULL;
+}
+
+static void start_watching(struct fuse *fuse)
+{
+    the_fuse = fuse;
+    changes_fd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+    if (changes_fd < 0) {
+        fprintf(stderr, "slowfsd: inotify: %s: files changed in the tree may show their old attributes\n",
+                strerror(errno));
+        return;
+    }
+    pthread_mutex_lock(&changes_lock);
+    watch_tree("");
+    pthread_mutex_unlock(&changes_lock);
+    pthread_t thread;
+    if (pthread_create(&thread, NULL, watch_changes, NULL) == 0)
+        pthread_detach(thread);
+}
+
 static void *sfs_init(struct fuse_conn_info *conn, struct fuse_config *cfg)
 {
     (void)conn;
@@ -147,7 +277,7 @@ static void *sfs_init(struct fuse_conn_info *conn, struct fuse_config *cfg)
      * intent RPC, not a LOOKUP and a GETATTR first. The open latency is
      * still paid on every open, and data is never cached across opens. */
     cfg->entry_timeout = 3600;
-    cfg->attr_timeout = 3600;
+    cfg->attr_timeout = 3600;  /* dropped when the file changes (watch_changes) */
     cfg->negative_timeout = 1;
     if (opt.ready_fd >= 0) {
         ssize_t ignored = write(opt.ready_fd, "ready\n", 6);
@@ -216,6 +346,7 @@ static int sfs_open(const char *path, struct fuse_file_info *fi)
     int rc = full_path(full, path);
     if (rc)
         return rc;
+    take_changes();
     double open_s = opt.open_s;  /* once: the owner may change it meanwhile */
     if (open_s > 0 && (rc = sleep_until(now_s() + open_s)) != 0)
         return rc;
@@ -384,6 +515,7 @@ int main(int argc, char **argv)
         fuse_destroy(fuse);
         return 1;
     }
+    start_watching(fuse);
     pthread_t watcher;
     if (opt.owner_fd >= 0)
         pthread_create(&watcher, NULL, watch_owner, NULL);

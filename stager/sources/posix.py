@@ -106,7 +106,7 @@ class PosixSource:
                 torn.append(exc.strerror)
             except SourceChanged as exc:
                 if not torn:
-                    raise
+                    raise SourceChanged(errno.EIO, f"{path}: {exc.strerror}") from None
                 raise SourceChanged(errno.EIO, f"{path} changed during the copy ({torn[0]}), so the copy was not "
                                                f"published, and now {exc.strerror}") from None
         raise SourceChanged(errno.EIO, f"{path} changed during each of {COPY_ATTEMPTS} copies, so no copy was "
@@ -125,7 +125,7 @@ class PosixSource:
             return copied
 
         try:
-            before = identity(src_fd, fresh=self.verify != "none")
+            before = identity(src_fd)
             if before.size != size or (mtime_ns is not None and before.mtime_ns != mtime_ns):
                 raise SourceChanged(errno.EIO, f"the source changed since the catalog was made: size "
                                                f"{before.size} (catalog says {size}), mtime_ns "

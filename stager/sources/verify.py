@@ -14,26 +14,25 @@ checked against, by mode:
   system's timestamp granularity, or a read path that returns other bytes
   than those stored, at the cost of reading each file twice.
 
-The times are read with ``statx(AT_STATX_FORCE_SYNC)``: file systems that
-cache attributes on the client (NFS, FUSE mounts) would otherwise answer
-the second ``fstat`` from that cache and hide the change.
+Both readings are a plain ``fstat`` of the open file, the call a direct read
+makes too (Python's ``open`` asks it), and neither costs the file system a
+round trip in the common case. The open itself brings the file's current
+attributes: Lustre's open intent returns them from the metadata server, and
+NFS revalidates them on open (close-to-open consistency), so the first
+reading is current. The second is answered from the client's cache unless
+the file changed: on Lustre a writer revokes the reader's locks, so a
+change during the copy is seen; on NFS a change is seen once the attribute
+cache expires (``actimeo``), and ``xxhash`` is the check that does not
+depend on it.
 """
 
-import ctypes
 import importlib
 import os
-import struct
 from typing import NamedTuple
 
 from ..errors import ConfigError
 
 MODES = ("none", "size", "xxhash")
-
-_AT_EMPTY_PATH = 0x1000
-_AT_STATX_FORCE_SYNC = 0x2000
-_STATX_BASIC_STATS = 0x7FF
-_STATX_SIZE = 256  # struct statx is 256 bytes on every architecture
-_libc = None
 
 
 class Identity(NamedTuple):
@@ -48,35 +47,8 @@ class Identity(NamedTuple):
         return ", ".join(f"{name} {a} -> {b}" for name, a, b in zip(self._fields, self, after) if a != b)
 
 
-def _statx(fd):
-    global _libc
-    if _libc is None:
-        libc = ctypes.CDLL(None, use_errno=True)
-        _libc = libc if hasattr(libc, "statx") else False
-    if not _libc:
-        return None
-    buf = ctypes.create_string_buffer(_STATX_SIZE)
-    if _libc.statx(fd, b"", _AT_EMPTY_PATH | _AT_STATX_FORCE_SYNC, _STATX_BASIC_STATS, buf) != 0:
-        return None  # an old kernel or a sandbox that forbids statx: fstat still works
-
-    def stamp(offset):  # struct statx_timestamp {__s64 tv_sec; __u32 tv_nsec; __s32 reserved;}
-        sec, nsec = struct.unpack_from("<qI", buf, offset)
-        return sec * 1_000_000_000 + nsec
-
-    return Identity(struct.unpack_from("<Q", buf, 40)[0], stamp(112), stamp(96))
-
-
-def identity(fd, fresh=True):
-    """The open file's size, mtime and ctime.
-
-    Args:
-        fd: The open file.
-        fresh: Ask the file system itself (``statx(AT_STATX_FORCE_SYNC)``),
-            not a client's attribute cache; False takes a plain ``fstat``.
-    """
-    found = _statx(fd) if fresh else None
-    if found is not None:
-        return found
+def identity(fd):
+    """The open file's size, mtime and ctime (a plain ``fstat``: see the module's docstring)."""
     st = os.fstat(fd)
     return Identity(st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
