@@ -11,6 +11,7 @@ import collections
 import glob
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -56,7 +57,7 @@ def group(tmp_path):
         os.kill(pid, signal.SIGKILL)
 
 
-def write_job(g, label, seed=1, compute_ms=60, window=1000, **staging):
+def write_job(g, label, seed=1, compute_ms=60, window=1000, readers=2, **staging):
     staging = {"local_dir": str(g["tmp"] / "local"), "prefetchers": 2, "lookahead": 4, "share": g["name"],
                "share_window": window, **staging}
     path = g["tmp"] / f"{label}.yaml"
@@ -64,7 +65,7 @@ def write_job(g, label, seed=1, compute_ms=60, window=1000, **staging):
 dataset: {{source: {g['source']}, manifest: manifest.tsv, loader: "groupchecks:counted"}}
 plan: {{batch_size: {BATCH}, epochs: {EPOCHS}, seed: {seed}}}
 staging: {json.dumps(staging)}
-reader: {{workers: 2}}
+reader: {{workers: {readers}}}
 run: {{compute_ms: {compute_ms}}}
 processes: {{shutdown_timeout_s: 10}}
 """)
@@ -107,6 +108,7 @@ def start_staggered(g, labels, **job):
 
 def finish(proc, timeout=180):
     out, err = proc.communicate(timeout=timeout)
+    proc.stderr_text = err
     assert proc.returncode == 0, out + err
     return json.loads((proc.rec / "r.json").read_text())
 
@@ -165,6 +167,55 @@ def test_four_jobs_read_each_file_once_and_decode_each_minibatch_once(group):
     shown = subprocess.run(stager_cmd("report", str(procs[1].rec / "r.json")), capture_output=True, text=True,
                            check=True).stdout
     assert f"{groups[1]['files_from_group']} files" in shown and "source reads the group saved it" in shown
+
+
+COUNTS = re.compile(r"stager: auto counts( \(the group's\))?: (\d+) prefetchers x (\d+) files in flight, "
+                    r"(\d+) readers (\(probe: .*\))")
+
+
+@pytest.mark.parametrize("jobs", [2, 4])
+def test_jobs_on_the_defaults_probe_once_for_the_group_and_read_each_file_once(group, jobs):
+    # Nothing set but the group: ``auto`` counts, files in flight, look-ahead. The first job probes the
+    # plan's first files into the group's directory; every later one takes the group's measurements.
+    labels = "abcd"[:jobs]
+    defaults = {"prefetchers": "auto", "lookahead": "auto", "readers": "auto"}
+    with Opens(group["tmp"] / "data") as opens:
+        procs = start_staggered(group, labels, **defaults)
+        reports = [finish(p) for p in procs]
+        assert_service_gone(group)
+        read = {path: n for path, n in opens.count().items() if path.endswith(".npy")}
+    catalog = Catalog.from_manifest(str(group["tmp"] / "data"), "manifest.tsv")
+    assert sorted(read) == sorted(catalog.paths()) and set(read.values()) == {1}, \
+        f"{sum(read.values())} opens of {len(read)} files: each once for the {jobs} jobs, the probe's included"
+    said = [COUNTS.search(p.stderr_text) for p in procs]
+    assert all(said), [p.stderr_text for p in procs]
+    assert said[0].group(1) is None and all(m.group(1) for m in said[1:]), "the joiners take the group's counts"
+    assert {m.group(5) for m in said} == {said[0].group(5)}, "one probe's measurements for the whole group"
+    for m, report in zip(said, reports):
+        start_counts = report["counts_timeline"][0]
+        assert (start_counts["prefetchers"], start_counts["in_flight"]) == (int(m.group(2)), int(m.group(3)))
+    order = expected_order(group, seed=1)
+    for proc in procs:
+        assert [r["samples"] for r in records(proc)] == order
+    assert sum(r["group"]["files_fetched"] for r in reports) == SAMPLES
+
+
+def test_jobs_started_at_once_on_the_defaults_probe_once(group):
+    # No service runs when they start: one job at a time holds the group's founding claim, so one
+    # probes and starts the service, and the others wait for it and take its measurements.
+    defaults = {"prefetchers": "auto", "lookahead": "auto", "readers": "auto"}
+    with Opens(group["tmp"] / "data") as opens:
+        procs = [start(group, label, **defaults) for label in "abc"]
+        for proc in procs:
+            finish(proc)
+        assert_service_gone(group)
+        read = {path: n for path, n in opens.count().items() if path.endswith(".npy")}
+    assert len(read) == SAMPLES and set(read.values()) == {1}, f"{sum(read.values())} opens of {len(read)} files"
+    said = [COUNTS.search(p.stderr_text) for p in procs]
+    assert all(said) and sum(m.group(1) is None for m in said) == 1, [p.stderr_text for p in procs]
+    assert len({m.group(5) for m in said}) == 1
+    for proc in procs:
+        assert [r["samples"] for r in records(proc)] == expected_order(group, seed=1)
 
 
 @pytest.mark.skipif(not os.path.exists(MPIEXEC), reason=f"no mpiexec at {MPIEXEC} (install .[mpich])")

@@ -78,11 +78,18 @@ class Welcome:
         local_dir: The group's node-local directory of staged files.
         ahead: Minibatches each rank may have pinned ahead (the cache's window).
         refused: Why the job was refused (a conflicting setting), or None.
+        rates: The group's probe (``perf.Rates.to_dict()``), where its
+            counts are ``auto``: a job that joins takes them rather than
+            reading the source for a probe of its own. None otherwise.
+        counts: ``(prefetchers, files each keeps in flight or None)``, the
+            group's now.
     """
 
     local_dir: Optional[str] = None
     ahead: int = 0
     refused: Optional[str] = None
+    rates: Optional[dict] = None
+    counts: Optional[tuple] = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,6 +8,6 @@ and ``shelf.py`` the shared memory through which jobs with the same order
 and decoding receive each minibatch decoded once.
 """
 
-from .attach import attach, join, stream_key
+from .attach import attach, find_or_claim, join, probe_dir, stream_key
 
-__all__ = ["attach", "join", "stream_key"]
+__all__ = ["attach", "find_or_claim", "join", "probe_dir", "stream_key"]

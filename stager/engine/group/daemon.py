@@ -31,6 +31,8 @@ from .shelf import Shelf
 from ..messages import Failure
 from ..node.service import Doorway
 from ..node.stalls import Progress
+from .. import perf
+from ..tuning import autocounts
 from ..workers.loops import prefetcher_main
 from ..workers.pool import Wake, WorkerPool
 from ...cache import Cache, policy_name
@@ -76,8 +78,9 @@ FIRST_JOIN_S = 120.0  # a service nobody attached to by then was started by a jo
 SHM = "/dev/shm"
 
 
-class _Dir:
-    """One of the service's directories: made 0700 with an owner record, watched by a janitor."""
+class OwnedDir:
+    """A directory of the group's: made 0700 with an owner record, watched by a janitor (removed if its
+    process dies). The service's own, and the probe's copies a founding job makes for it."""
 
     def __init__(self, base, name):
         sweep_at_start(base)  # services (or jobs) of this user that are gone
@@ -89,8 +92,12 @@ class _Dir:
         self.janitor = Janitor(self.path)
 
     def remove(self, stuck=()):
+        """Removes the directory; safe twice."""
+        if self._lock < 0:
+            return
         shutil.rmtree(self.path, ignore_errors=True)
         os.close(self._lock)
+        self._lock = -1
         if stuck:
             self.janitor.hand_over()
         else:
@@ -116,7 +123,10 @@ class GroupService(Doorway):
         self._setup = setup
         self._sock = sock
         self.on_staged = self.peers = self.resizer = None
-        self.probed = {}  # a group's service starts without a probe's copies
+        self.probed = {}  # the founding job's probe's copies, once moved in (``start``)
+        # The founder's probe, where the counts are ``auto``: every job that joins takes it (``Welcome``).
+        self.rates = setup.get("rates")
+        self.in_flight = None  # the files each prefetcher keeps in flight, shared with them, where tuned
         self.telemetry = Stats().telemetry
         self.wake = Wake()
         self.dirs = []
@@ -128,10 +138,10 @@ class GroupService(Doorway):
         setup, staging = self._setup, self.staging
         check_base(setup["base"], setup["base_name"])
         own = names.dir_prefix(self.name) + str(os.getpid())
-        data = _Dir(setup["base"], own)
+        data = OwnedDir(setup["base"], own)
         self.dirs.append(data)
         self.local_dir = data.path
-        shelf_dir = _Dir(SHM, own) if os.path.isdir(SHM) and os.access(SHM, os.W_OK) else None
+        shelf_dir = OwnedDir(SHM, own) if os.path.isdir(SHM) and os.access(SHM, os.W_OK) else None
         if shelf_dir is not None:
             self.dirs.append(shelf_dir)
         self.shelf = Shelf(shelf_dir.path if shelf_dir else data.path, staging.share_window)
@@ -143,15 +153,29 @@ class GroupService(Doorway):
             log.info("stager: %s", note)
         self.cache = Cache(files.sizes, policy_name(staging.cache_policy, capacity), capacity, window,
                            self.catalog.file_index)
-        self.source = open_source(self.catalog.root, setup["dataset"], staging.verify)
+        tuned = setup.get("in_flight")
+        self.source = open_source(self.catalog.root, setup["dataset"], staging.verify,
+                                  perf.MAX_IN_FLIGHT if tuned else None)
         getattr(self.source, "warm", lambda: None)()
+        self.probed = _move_in(setup.get("probe_dir"), setup.get("probed") or {}, files, self.local_dir)
         ctx = multiprocessing.get_context(setup["processes"].start_method)
-        self.progress = Progress(ctx, staging.prefetchers, getattr(self.source, "concurrency", 1))
+        most = getattr(self.source, "concurrency", 1)
+        auto = None
+        if self.rates is not None and setup.get("auto_fetch"):  # the pool follows the group's demand, as a job's
+            auto = autocounts.AutoFetch.of(perf.Rates.from_dict(self.rates), tuned, most)
+        self.progress = Progress(ctx, max(staging.prefetchers, auto.limit if auto else 0), most)
+        self.in_flight = ctx.Value("i", tuned, lock=False) if tuned else None
         self.pool = WorkerPool(ctx, "prefetch", "stager-prefetch", staging.prefetchers, prefetcher_main,
-                               (self.source, self.local_dir, self.progress),
+                               (self.source, self.local_dir, self.progress, self.in_flight),
                                {d.janitor.fileno() for d in self.dirs})
+        if auto is not None:
+            self.resizer = auto.resizer(self.pool, self.telemetry, self.in_flight, most)
         self._acceptor = threading.Thread(target=self._accept, name="stager-accept", daemon=True)
         self._acceptor.start()
+
+    def counts(self):
+        """``(prefetchers, files each keeps in flight or None)`` now."""
+        return self.pool.size, None if self.in_flight is None else self.in_flight.value
 
     def _accept(self):
         uid = os.getuid()
@@ -201,6 +225,27 @@ class GroupService(Doorway):
             d.remove(stuck)
         for conn in self.last:
             conn.close()
+
+
+def _move_in(probe_dir, probed, files, local_dir):
+    """Moves the founding job's probe's copies into the group's directory: ``{file index: bytes}`` moved.
+
+    Both directories are under the same base, so each is a rename; a copy
+    that cannot be moved is fetched again by a prefetcher, as any other.
+    """
+    moved = {}
+    if not probe_dir:
+        return moved
+    for file, nbytes in probed.items():
+        rel = files.path(file)
+        target = os.path.join(local_dir, rel)
+        try:
+            os.makedirs(os.path.dirname(target), mode=0o700, exist_ok=True)
+            os.rename(os.path.join(probe_dir, rel), target)
+        except OSError:
+            continue
+        moved[file] = nbytes
+    return moved
 
 
 def serve(sock, setup, ready_fd):

@@ -114,7 +114,7 @@ class GroupLoop(ServiceLoop):
                 return
         number = self.jobs.setdefault(msg.job.split(" rank ")[0], len(self.jobs))
         self.who[conn] = _Client(number)
-        self.send(conn, Welcome(self.s.local_dir, self.s.ahead))
+        self.send(conn, Welcome(self.s.local_dir, self.s.ahead, rates=self.s.rates, counts=self.s.counts()))
         if self.failed is not None:
             self.send(conn, self.failed)
 

@@ -21,6 +21,11 @@ def address(name):
     return f"\0{_PREFIX}-{os.getuid()}-{name}"
 
 
+def founding_address(name):
+    """Held (bound) by the job that probes for the group and starts its service: one at a time."""
+    return f"\0{_PREFIX}-found-{os.getuid()}-{name}"
+
+
 def dir_prefix(name):
     """What every directory of this user's group ``name`` is named from (``<prefix>-<service pid>``)."""
     return f"{_PREFIX}-{os.getuid()}-{name}-"

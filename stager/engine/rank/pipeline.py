@@ -95,6 +95,10 @@ class Pipeline(Startup):
         self._ch.finish = finish
         self._jobdir = None
         self._jobdirs = []  # the job directory once made, for the finaliser
+        # With ``staging.share`` and ``auto`` counts, on the node leader: the group joined while resolving them,
+        # or the founding claim, the directory of the probe's copies and what the group's service starts from
+        # (``Startup``).
+        self._group_found = self._group_claim = self._group_probe = self._group_setup = None
         self._coordinator = None
         self._lock = threading.Lock()
         self._started = False
@@ -181,6 +185,7 @@ class Pipeline(Startup):
         try:
             self._launch()
         except BaseException as exc:
+            self._drop_group_probe()
             self._shutdown(wait_for_peers=False, error=exc)
             raise
         return self

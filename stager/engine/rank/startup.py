@@ -74,6 +74,7 @@ class Startup:
                                     autocounts.is_auto(self._reader.workers))
         shared = world.node_comm is not None and world.local_size > 1
         own_dir = self._staging.enabled and not self._staging.share
+        share = self._staging.enabled and bool(self._staging.share)
         if own_dir:
             self._jobdir = JobDir(self._staging, self.catalog.root, agreed_job_id(self._staging, world), world)
             self._jobdirs.append(self._jobdir)
@@ -93,17 +94,24 @@ class Startup:
             else:  # a plan drawn as it goes (Chainer's orders): read once, so what the probe looked at goes back
                 first, minibatches = peek_first_files(self.catalog, minibatches)
                 first = first or None
+        into = self._jobdir.create if own_dir and first else None
+        given = None
+        if share and world.node_leader and (auto_prefetch or auto_read):
+            given, into = self._group_measurements(first)
         self._staging, self._reader, self._auto, in_flight = autocounts.resolve(
             self._staging, self._reader, self._dataset, getattr(spec, "batch_size", self._plan_cfg.batch_size),
             self.catalog, source, world.node_comm if shared else None, self._loader, first,
-            self._jobdir.create if own_dir and first else None, None if holders is None else peer_link[0])
+            into, None if holders is None else peer_link[0], given)
         self._in_flight = in_flight or getattr(source, "concurrency", 1)
         auto = None
         if auto_prefetch and self._staging.enabled:
             auto = autocounts.AutoFetch.of(self._auto, in_flight, getattr(source, "concurrency", 1))
         self._probed = {}  # the probe's copies in the job's directory, which the service counts as staged
-        if self._auto is not None and own_dir and first and world.node_leader:
+        if self._auto is not None and first and world.node_leader and (own_dir or self._group_probe is not None):
             self._probed = {f: int(self.catalog.files.sizes[f]) for f in self.catalog.file_index(first).tolist()}
+        if self._group_probe is not None:  # what the group's service, should this job start it, starts from
+            self._group_setup = {"rates": self._auto.to_dict(), "auto_fetch": auto_prefetch, "in_flight": in_flight,
+                                 "probe_dir": self._group_probe.path, "probed": self._probed}
         # The counts as they start (auto ones resolved), before any worker or directory exists.
         check_worker_counts(self._staging, self._reader, world.local_size, world.node_leader)
         if auto_read and not self._reader.ahead:
@@ -230,14 +238,68 @@ class Startup:
             ch.client = mpc.Client(address, family="AF_UNIX", authkey=authkey)
         return path
 
+    def _group_measurements(self, first):
+        """On the node leader, with ``auto`` counts and ``staging.share``: ``resolve``'s ``given`` and ``into``.
+
+        ``given`` joins the group if its service runs and takes its probe
+        and counts (``Welcome``): this job reads nothing of the source for
+        its own. Where none runs, it takes the group's founding claim (one
+        job at a time probes and starts the service), and ``into`` makes the
+        directory the probe's copies go to, which the service this job
+        starts moves into the group's: the probe's reads are the group's
+        first, not repeated.
+        """
+        world = self.world
+
+        def given():
+            self._group_found, self._group_claim = group.find_or_claim(world, self._staging, self._dataset,
+                                                                       self.catalog, self._asked)
+            welcome = None if self._group_found is None else self._group_found[1]
+            return None if welcome is None or welcome.rates is None else (welcome.rates, welcome.counts)
+
+        def into():
+            self._group_probe = group.probe_dir(world, self._staging, self._dataset, self.catalog, self._asked)
+            return self._group_probe.path
+
+        return given, into if first else None
+
     def _join_group(self, spec):
-        """Attaches this rank to its node's shared group (``staging.share``); returns the group's directory."""
+        """Attaches this rank to its node's shared group (``staging.share``); returns the group's directory.
+
+        The node leader joins first, so that the service it may start is
+        the one its probe's copies were made for; the node's other ranks
+        then find it running.
+        """
         batch_size = getattr(spec, "batch_size", self._plan_cfg.batch_size)
-        self._ch.client, welcome = group.join(self.world, self._staging, self._processes, self._dataset,
-                                              self.catalog, spec, batch_size, self._ahead(), self._asked)
+        world = self.world
+        joined = {}
+
+        def join():
+            joined["it"] = group.join(world, self._staging, self._processes, self._dataset, self.catalog, spec,
+                                      batch_size, self._ahead(), self._asked, self._group_found, self._group_setup)
+            return True
+
+        if world.node_comm is not None and world.local_size > 1:
+            agree(world.node_comm, join, lambda text: StageError(
+                f"the node leader could not join the group {self._staging.share!r}: {text}", stage="prefetch"))
+        if "it" not in joined:
+            join()
+        self._group_found = None
+        self._drop_group_probe()  # its copies are in the group's directory by now, or not wanted
+        self._ch.client, welcome = joined["it"]
         self._fit_ahead(welcome.ahead)
         self._ch.linger = 3 * self._processes.shutdown_timeout_s  # the service's own shutdown, if this job is last
         return welcome.local_dir
+
+    def _drop_group_probe(self):
+        """Removes the probe's directory made for the group's service and lets the founding claim go
+        (``_group_measurements``); idempotent."""
+        if self._group_probe is not None:
+            self._group_probe.remove()
+            self._group_probe = None
+        if self._group_claim is not None:
+            self._group_claim.close()
+            self._group_claim = None
 
     def _fit_depth(self, capacity, ahead, window, sizes, batch_size, ranks, most):
         """The node's look-ahead: ``auto``'s depth for the capacity; a fixed one, warned about when it costs.

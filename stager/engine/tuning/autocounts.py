@@ -38,14 +38,13 @@ def tunes_in_flight(staging, dataset):
 
     Only where the prefetchers are ``auto`` too: a count the user set for
     them keeps the source's files in flight (one for a file system), as it
-    did; so does a group's shared service (``staging.share``).
+    did. A group's shared service (``staging.share``) follows the same rule.
     """
-    return (staging.enabled and not staging.share and is_auto(staging.prefetchers)
-            and is_auto(dataset.requests_in_flight))
+    return staging.enabled and is_auto(staging.prefetchers) and is_auto(dataset.requests_in_flight)
 
 
 def resolve(staging, reader, dataset, batch_size, catalog, source, node_comm, loader=None, first=None, into=None,
-            leaders=None):
+            leaders=None, given=None):
     """The ``StagingConfig`` and ``ReaderConfig`` with ``auto`` counts made numbers.
 
     Collective over ``node_comm`` (None: this rank alone) when a count is
@@ -64,6 +63,10 @@ def resolve(staging, reader, dataset, batch_size, catalog, source, node_comm, lo
             leader given no ``first`` files (every one it reads first comes
             from another node) takes another leader's measurements rather
             than open files of the source that another node reads.
+        given: A callable, run on the node leader only, returning
+            measurements already made, ``(rates dict, (prefetchers, in
+            flight) or None)``, or None to probe: a shared group's, whose
+            counts a joining job takes rather than reading the source again.
 
     Returns:
         ``(staging, reader, rates, in_flight)``: ``rates`` is the probe's
@@ -82,12 +85,16 @@ def resolve(staging, reader, dataset, batch_size, catalog, source, node_comm, lo
                       into=into() if into is not None and picks else None).to_dict()
 
     def measure():
+        found = given() if given is not None else None
+        if found is not None:
+            return found
         if leaders is None:
-            return probe(first)
-        return _among_leaders(leaders, probe, first)
+            return probe(first), None
+        return _among_leaders(leaders, probe, first), None
 
-    rates = perf.Rates.from_dict(agree(node_comm, measure, lambda text: StageError(
-        f"the node leader could not probe {catalog.root} for auto counts: {text}", stage="prefetch")))
+    measured, theirs = agree(node_comm, measure, lambda text: StageError(
+        f"the node leader could not probe {catalog.root} for auto counts: {text}", stage="prefetch"))
+    rates = perf.Rates.from_dict(measured)
     prefetchers, readers = perf.choose_counts(rates, miss=1.0 if staging.enabled else 0.0)
     if not staging.enabled:
         # Readers open the source themselves: they wait on its latency as prefetchers would.
@@ -96,15 +103,17 @@ def resolve(staging, reader, dataset, batch_size, catalog, source, node_comm, lo
     if tunes_in_flight(staging, dataset):
         prefetchers, in_flight = perf.start_split(prefetchers, rates, most_in_flight=source.concurrency,
                                                   most_processes=prefetcher_limit(rates))
+    if theirs is not None:  # the group's prefetchers as they run now, however its tuner moved them
+        prefetchers, in_flight = theirs[0], theirs[1] if in_flight is not None else None
     if is_auto(staging.prefetchers):
         staging = replace(staging, prefetchers=prefetchers)
     if is_auto(reader.workers):
         reader = replace(reader, workers=readers)
     fetching = (f"{staging.prefetchers} prefetchers x {in_flight or source.concurrency} files in flight, "
                 if staging.enabled else "staging off, ")
-    log.info("stager: auto counts: %s%s readers (probe: open %.1f ms, %.0f MB/s, read %.2f ms/file, CPU %.2f ms/file, "
-             "%d cores)", fetching, reader.workers, rates.open_s * 1000, rates.bandwidth / 1e6, rates.read_s * 1000,
-             rates.cpu_s * 1000, rates.cores)
+    log.info("stager: auto counts%s: %s%s readers (probe: open %.1f ms, %.0f MB/s, read %.2f ms/file, CPU %.2f "
+             "ms/file, %d cores)", " (the group's)" if theirs is not None else "", fetching, reader.workers,
+             rates.open_s * 1000, rates.bandwidth / 1e6, rates.read_s * 1000, rates.cpu_s * 1000, rates.cores)
     return staging, reader, rates, in_flight
 
 
