@@ -267,9 +267,11 @@ def test_jobs_with_other_seeds_share_files_but_not_decoding(group):
     assert reports[2]["group"]["batches_from_group"] == 0 and reports[2]["group"]["files_from_group"] > 0
 
 
-def test_a_job_killed_mid_epoch_leaves_the_others_whole(group):
+@pytest.mark.parametrize("counts", ["fixed", "defaults"])
+def test_a_job_killed_mid_epoch_leaves_the_others_whole(group, counts):
+    settings = {"prefetchers": "auto", "lookahead": "auto", "readers": "auto"} if counts == "defaults" else {}
     with Opens(group["tmp"] / "data") as opens:
-        procs = start_staggered(group, ["a", "b", "c"], compute_ms=80)
+        procs = start_staggered(group, ["a", "b", "c"], compute_ms=80, **settings)
         victim = procs[1]
         assert wait_for_lines(str(victim.rec / "rank-0.jsonl"), 5, pid=victim.pid)
         victim.kill()  # SIGKILL: no goodbye, its readers and connections just go
