@@ -15,9 +15,9 @@ creating a file is cheap), alternating, ``--rounds`` rounds:
 
 At each epoch's end the run reads every process's own CPU (``utime +
 stime``) by kind (the training process, the readers or DataLoader's
-workers, the prefetchers, the emulator's daemon) and the machine's busy
-ticks (``/proc/stat``: everything, the kernel's own work included), so each
-epoch's CPU a sample is known per kind. Beside them, measured in the same
+workers, the prefetchers, the emulator's daemon), the readers' minor page
+faults, and the machine's busy ticks (``/proc/stat``: everything, the
+kernel's own work included), so each epoch's CPU a sample is known per kind. Beside them, measured in the same
 run, the physics of a staged copy: opening and reading one file through
 the emulator (the client's and the daemon's CPU), creating, writing and
 renaming one in each staging directory, reading it back, and the
@@ -53,24 +53,40 @@ def busy_seconds():
     return (sum(fields[:8]) - fields[3] - fields[4]) / TICK
 
 
+def minor_faults(pid):
+    """Pages process ``pid`` has faulted in so far without reading a disk (``minflt``), or 0 once gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return int(fh.read().rsplit(")", 1)[1].split()[7])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
 def snapshot(daemon):
-    """CPU seconds so far: ``{kind: seconds}`` and each live descendant's, at one instant."""
+    """CPU seconds so far: ``{kind: seconds}`` and each live descendant's ``[name, CPU s, minor faults]``."""
     from stager.bench.cpu import descendants, readings
 
     own = os.times()
     procs = readings(descendants(os.getpid()))
     return {"rank": own.user + own.system, "emulator": cpu_of(daemon), "machine": busy_seconds(),
-            "procs": {str(pid): [name, cpu] for pid, (name, cpu) in procs.items()}}
+            "procs": {str(pid): [name, cpu, minor_faults(pid)] for pid, (name, cpu) in procs.items()}}
 
 
 def epoch_cpu(before, after):
-    """``{kind: CPU seconds}`` between two snapshots; a worker is read at both (persistent workers)."""
+    """``{kind: CPU seconds}`` between two snapshots, and ``reader_faults``: the readers' (or DataLoader
+    workers') minor faults; a worker is read at both (persistent workers)."""
     out = {kind: after[kind] - before[kind] for kind in ("rank", "emulator", "machine")}
     out["readers"] = out["prefetchers"] = 0.0
-    for pid, (name, cpu) in after["procs"].items():
-        spent = cpu - before["procs"].get(pid, [name, 0.0])[1]
-        out["prefetchers" if name.startswith("stager-prefetch") else "readers"] += spent
-    return {kind: round(value, 3) for kind, value in out.items()}
+    faults = 0
+    for pid, (name, cpu, minflt) in after["procs"].items():
+        _, cpu_then, minflt_then = before["procs"].get(pid, [name, 0.0, 0])
+        kind = "prefetchers" if name.startswith("stager-prefetch") else "readers"
+        out[kind] += cpu - cpu_then
+        if kind == "readers":
+            faults += minflt - minflt_then
+    out = {kind: round(value, 3) for kind, value in out.items()}
+    out["reader_faults"] = faults
+    return out
 
 
 def one(args):
@@ -249,13 +265,17 @@ def report(results):
                  for kind in ("machine", "rank", "readers", "prefetchers", "emulator")]
         print(f"| {size} | {n} | {where} | {method} | {' / '.join(f'{s:.2f}' for s in row['epochs'])} | "
               + " | ".join(cells) + " |")
-    print("\nEpoch 1 above epoch 2, CPU ms a sample (medians over rounds):\n")
-    print("| samples | N | staging dir | method | machine | rank | readers | prefetchers | emulator |")
-    print("|---:|---:|---|---|---:|---:|---:|---:|---:|")
+    print("\nEpoch 1 above epoch 2, CPU ms a sample (medians over rounds), and the pages the readers faulted in "
+          "(minor faults, thousands; the median run's):\n")
+    print("| samples | N | staging dir | method | machine | rank | readers | prefetchers | emulator | "
+          "readers' faults, by epoch |")
+    print("|---:|---:|---|---|---:|---:|---:|---:|---:|---|")
     for (size, n, where, method), runs in sorted(groups.items()):
         extra = [statistics.median(extra_seconds(r, kind) / size * 1000 for r in runs)
                  for kind in ("machine", "rank", "readers", "prefetchers", "emulator")]
-        print(f"| {size} | {n} | {where} | {method} | " + " | ".join(f"{x:+.2f}" for x in extra) + " |")
+        faults = [e.get("reader_faults") for e in median_run(runs)["cpu"]]
+        print(f"| {size} | {n} | {where} | {method} | " + " | ".join(f"{x:+.2f}" for x in extra) + " | "
+              + (" / ".join(f"{f / 1000:.0f}" for f in faults) if None not in faults else "-") + " |")
     if len(sizes) < 2:
         return
     small, large = min(sizes), max(sizes)

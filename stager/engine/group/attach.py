@@ -142,11 +142,11 @@ def group_name(staging, world):
     return staging.share + (f"-node{world.node}" if world.emulated_node else "")
 
 
-def _who(world, staging, dataset, catalog, asked):
-    """``(group name, this rank's name, the settings to agree on, base dir, where the base came from)``.
+def _base(staging, catalog):
+    """``(the group's local base directory, where it came from)``.
 
     Raises:
-        ConfigError: The group's local directory lies inside the source.
+        ConfigError: The directory lies inside the source.
     """
     # Not ``$STAGER_LOCAL_DIR``: the sbatch templates make it per Slurm job and remove it at the job's end,
     # while a group outlives the job that started it.
@@ -157,6 +157,12 @@ def _who(world, staging, dataset, catalog, asked):
         if os.path.commonpath([os.path.realpath(base), src]) == src:
             raise ConfigError(f"{base_name} {base} lies inside the dataset source {src}; stager never writes to "
                               "the shared file system")
+    return base, base_name
+
+
+def _who(world, staging, dataset, catalog, asked):
+    """``(group name, this rank's name, the settings to agree on, base dir, where the base came from)``."""
+    base, base_name = _base(staging, catalog)
     job = f"{agreed_job_id(staging, world)} rank {world.rank}"
     return group_name(staging, world), job, settings(asked or staging, dataset, catalog, base), base, base_name
 
@@ -217,16 +223,16 @@ def _wait_for_release(name, deadline):
             pass
 
 
-def probe_dir(world, staging, dataset, catalog, asked=None):
+def probe_dir(world, staging, catalog):
     """A directory beside the group's, 0700 and removed if this process dies, for the probe's copies.
 
     The service that this job starts moves them into the group's directory
     (``daemon.GroupService``): the probe's reads are the group's first.
     Returns an object with ``path`` and ``remove()``.
     """
-    name, _, _, base, base_name = _who(world, staging, dataset, catalog, asked)
+    base, base_name = _base(staging, catalog)
     check_base(base, base_name)
-    return OwnedDir(base, f"{names.dir_prefix(name)}probe-{os.getpid()}")
+    return OwnedDir(base, f"{names.dir_prefix(group_name(staging, world))}probe-{os.getpid()}")
 
 
 def join(world, staging, processes, dataset, catalog, spec, batch_size, ahead, asked=None, found=None, probe=None):
@@ -241,7 +247,7 @@ def join(world, staging, processes, dataset, catalog, spec, batch_size, ahead, a
         ahead: Minibatches this rank asks for past the consumer.
         asked: The staging section as configured, compared with the group's
             (two jobs asking for ``auto`` agree even if they resolved it apart).
-        found: ``find``'s result, when this rank joined already.
+        found: ``find_or_claim``'s result, when this rank joined already.
         probe: Should this rank start the service: what its ``auto`` counts
             came from, ``{"rates", "in_flight", "probe_dir", "probed"}``
             (``daemon.GroupService``), or None.

@@ -258,7 +258,7 @@ class Startup:
             return None if welcome is None or welcome.rates is None else (welcome.rates, welcome.counts)
 
         def into():
-            self._group_probe = group.probe_dir(world, self._staging, self._dataset, self.catalog, self._asked)
+            self._group_probe = group.probe_dir(world, self._staging, self.catalog)
             return self._group_probe.path
 
         return given, into if first else None
