@@ -169,7 +169,7 @@ def test_four_jobs_read_each_file_once_and_decode_each_minibatch_once(group):
     assert f"{groups[1]['files_from_group']} files" in shown and "source reads the group saved it" in shown
 
 
-COUNTS = re.compile(r"stager: auto counts( \(the group's\))?: (\d+) prefetchers x (\d+) files in flight, "
+COUNTS = re.compile(r"stager: auto counts( \(the group's, (\d+) jobs\))?: (\d+) prefetchers x (\d+) files in flight, "
                     r"(\d+) readers (\(probe: .*\))")
 
 
@@ -190,10 +190,14 @@ def test_jobs_on_the_defaults_probe_once_for_the_group_and_read_each_file_once(g
     said = [COUNTS.search(p.stderr_text) for p in procs]
     assert all(said), [p.stderr_text for p in procs]
     assert said[0].group(1) is None and all(m.group(1) for m in said[1:]), "the joiners take the group's counts"
-    assert {m.group(5) for m in said} == {said[0].group(5)}, "one probe's measurements for the whole group"
+    assert {m.group(6) for m in said} == {said[0].group(6)}, "one probe's measurements for the whole group"
     for m, report in zip(said, reports):
         start_counts = report["counts_timeline"][0]
-        assert (start_counts["prefetchers"], start_counts["in_flight"]) == (int(m.group(2)), int(m.group(3)))
+        assert (start_counts["prefetchers"], start_counts["in_flight"]) == (int(m.group(3)), int(m.group(4)))
+    for k, m in enumerate(said[1:], 2):  # the k-th finds the group with itself and at most k - 1 others
+        attached = int(m.group(2))
+        assert 2 <= attached <= k and int(m.group(5)) == max(1, int(said[0].group(5)) // attached), \
+            "a joiner's readers are its share of one job's: the group decodes each minibatch once"
     order = expected_order(group, seed=1)
     for proc in procs:
         assert [r["samples"] for r in records(proc)] == order
@@ -213,7 +217,7 @@ def test_jobs_started_at_once_on_the_defaults_probe_once(group):
     assert len(read) == SAMPLES and set(read.values()) == {1}, f"{sum(read.values())} opens of {len(read)} files"
     said = [COUNTS.search(p.stderr_text) for p in procs]
     assert all(said) and sum(m.group(1) is None for m in said) == 1, [p.stderr_text for p in procs]
-    assert len({m.group(5) for m in said}) == 1
+    assert len({m.group(6) for m in said}) == 1
     for proc in procs:
         assert [r["samples"] for r in records(proc)] == expected_order(group, seed=1)
 

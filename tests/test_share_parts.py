@@ -1,8 +1,10 @@
 """The parts of a shared group (``staging.share``): the shelf's rule, decoded-minibatch files, the settings,
 and two pipelines of one process attached to one group, their samples checked against the source."""
 
+import gc
 import glob
 import os
+import threading
 import uuid
 
 import numpy as np
@@ -12,7 +14,6 @@ import torch
 from conftest import make_config
 from stager.config import config_from_dict
 from stager.engine import Pipeline, batchfile
-from stager.engine.wire import Ring
 from stager.engine.group.shelf import PUBLISH, SHARED, WAIT, Shelf
 from stager.errors import ConfigError
 
@@ -98,7 +99,7 @@ def test_when_the_decoder_leaves_the_first_waiting_takes_over(tmp_path):
 # Decoded minibatches in shared memory -------------------------------------
 
 
-def test_a_minibatch_file_gives_back_equal_writable_arrays_in_the_ranks_own_memory(tmp_path):
+def test_a_minibatch_file_gives_back_equal_arrays_whose_writes_stay_the_ranks_own(tmp_path):
     rng = np.random.default_rng(0)
     samples = [(rng.random((3, 8, 8), dtype=np.float32), 4),
                (np.asfortranarray(rng.integers(0, 255, (5, 7), dtype=np.uint8)), 1),
@@ -107,26 +108,54 @@ def test_a_minibatch_file_gives_back_equal_writable_arrays_in_the_ranks_own_memo
     path = str(tmp_path / "0.batch")
     batchfile.put(path, [(np.ones(10 ** 6), 0)])  # a bigger minibatch wrote the file before
     batchfile.put(path, samples)
-    ring = Ring()
-    back = batchfile.read(path, ring)
-    os.unlink(path)
-    ring.close()  # the arrays keep their memory
+    gone = threading.Event()
+    back = batchfile.read(path, gone.set)
     assert np.array_equal(back[0][0], samples[0][0]) and back[0][1] == 4
     assert np.array_equal(back[1][0], samples[1][0]) and back[1][0].flags.f_contiguous
     assert np.array_equal(back[2][0]["jpg"], samples[2][0]["jpg"]) and back[2][0]["txt"] == b"x" * 5000
     assert isinstance(back[3][0], torch.Tensor) and torch.equal(back[3][0], samples[3][0])
-    back[0][0][:] = 0  # the rank's own memory
-    assert samples[0][0].any()
+    back[0][0][:] = 0  # a consumer normalising in place: its own page, not the group's file
+    other = batchfile.read(path, lambda: None)
+    assert np.array_equal(other[0][0], samples[0][0]), "another job taking it sees the decoded pixels"
+    os.unlink(path)  # the shelf removing it: the arrays keep their memory
+    assert not back[0][0].any() and np.array_equal(back[1][0], samples[1][0])
+    assert not gone.is_set(), "the file is the rank's while its arrays live"
+    tensor = back[3][0]
+    del back
+    gc.collect()
+    assert not gone.is_set(), "a tensor still views the mapping"
+    del tensor
+    gc.collect()
+    assert gone.is_set(), "the last array gone: the file may be written again"
+
+
+def test_a_minibatch_without_arrays_is_let_go_at_once(tmp_path):
+    path = str(tmp_path / "0.batch")
+    batchfile.put(path, [(b"bytes", 1), ("text", 2)])
+    gone = threading.Event()
+    assert batchfile.read(path, gone.set) == [(b"bytes", 1), ("text", 2)] and gone.is_set()
 
 
 def test_a_minibatch_file_cut_short_is_an_error_not_a_minibatch(tmp_path):
     path = str(tmp_path / "0.batch")
     batchfile.put(path, [(np.arange(100000, dtype=np.float64), 1)])
     os.truncate(path, os.path.getsize(path) - 8)
-    ring = Ring()
     with pytest.raises(EOFError, match="8 bytes early"):
-        batchfile.read(path, ring)
-    ring.close()
+        batchfile.read(path, lambda: None)
+    os.truncate(path, 10)
+    with pytest.raises(EOFError, match="less than its header"):
+        batchfile.read(path, lambda: None)
+
+
+def test_a_file_a_rank_left_holding_is_unlinked_never_written_again(tmp_path):
+    shelf = Shelf(str(tmp_path), window=1)
+    a, b = Request("a"), Request("b")
+    first = publish(shelf, "s", (0, 0), a)
+    assert shelf.claim("s", (0, 0), b, 0.0) == (SHARED, first)
+    shelf.let_go("s", (0, 0), left=True)  # b's job closed its loader and may keep the minibatch
+    second = publish(shelf, "s", (0, 1), a)  # pushes (0, 0) off the shelf
+    assert not os.path.exists(first), "unlinked: b's mapping keeps its pages"
+    assert publish(shelf, "s", (0, 2), a) not in (first, second)
 
 
 # Settings -----------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Concurrent jobs on one node sharing one staging service (``staging.share``) against the same jobs alone.
 
-Starts 1, 2 and 4 ``stager run`` jobs at once over the slow file system
+Starts 1, 2, 4 and 8 ``stager run`` jobs at once over the slow file system
 emulator (10 ms an open) reading a JPEG dataset decoded to float32 CHW, for
 3 epochs, twice: as one group (same seed and loader: one service, each file
 read once, each minibatch decoded once) and independently (each job its own
@@ -8,11 +8,16 @@ staging directory, prefetchers and readers). Records per setting the time of
 each job and of the whole set, the files and bytes the jobs read from the
 source, and the CPU seconds of every process kind: the jobs' main processes,
 their readers (the decoding), prefetchers (the jobs' or the group's) and the
-group's service. This process makes itself the child subreaper, so the
+group's service, and the opens of the samples' files on the source
+(inotify on the emulator's backing tree: the group's and the jobs' probes
+included; the manifest, which each job reads once, apart). The
+jobs run on the defaults (``auto`` counts), and with counts set by hand
+where ``--counts`` names them. This process makes itself the child subreaper, so the
 group's service, which leaves its founder's process tree by design, is
 still counted (and reaped) here.
 
     .venv/bin/python benchmarks/cache/share.py --json docs/share.json
+    .venv/bin/python benchmarks/cache/share.py --counts auto,8:2 --jobs 8 --json docs/share-8.json
 
 Prints a Markdown section for docs/benchmarks.md.
 """
@@ -28,8 +33,11 @@ import tempfile
 import threading
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.join(REPO, "tests"))
 
+from helpers.opens import Opens  # noqa: E402
 from stager.bench.cpu import descendants, readings  # noqa: E402
 from stager.job.synth import MANIFEST, make_dataset  # noqa: E402
 from stager.slowfs import SlowFS  # noqa: E402
@@ -63,12 +71,27 @@ class Meter:
         return {k: round(v, 2) for k, v in out.items()}
 
 
-def run_set(n, shared, job, work, skip):
-    """Runs ``n`` jobs at once; returns their reports, times and the CPU per kind."""
-    sets = [f"staging.share=bench{n}"] if shared else []
+def run_set(n, shared, counts, job, work, skip, data):
+    """Runs ``n`` jobs at once; returns their reports, times, the source's opens and the CPU per kind.
+
+    ``counts`` is "auto" (the defaults) or "P:R", prefetchers and readers set by hand.
+    """
+    sets = [f"staging.share=bench{n}-{counts.replace(':', '-')}"] if shared else []
+    if counts != "auto":
+        prefetchers, readers = counts.split(":")
+        sets += [f"staging.prefetchers={prefetchers}", f"reader.workers={readers}"]
+    with Opens(data) as opens:
+        out = _run_jobs(n, shared, counts, sets, job, work, skip)
+        counted = opens.count()
+        out["source_opens"] = sum(counted.values()) - counted[MANIFEST]  # each job reads the manifest once
+        out["manifest_opens"] = counted[MANIFEST]
+    return out
+
+
+def _run_jobs(n, shared, counts, sets, job, work, skip):
     procs, begin = [], time.perf_counter()
     for i in range(n):
-        rep = os.path.join(work, f"{'shared' if shared else 'alone'}-{n}-{i}.json")
+        rep = os.path.join(work, f"{'shared' if shared else 'alone'}-{counts.replace(':', '-')}-{n}-{i}.json")
         cmd = [sys.executable, "-m", "stager", "run", job, "--quiet", "--report", rep]
         for s in sets:
             cmd += ["--set", s]
@@ -88,7 +111,8 @@ def run_set(n, shared, job, work, skip):
             pass  # not ours (a grandchild)
     cpu = meter.seconds()
     reports = [json.load(open(rep)) for _, rep in procs]
-    return {"jobs": n, "shared": shared, "elapsed_s": round(max(ends), 2),
+    return {"jobs": n, "shared": shared, "counts": counts, "elapsed_s": round(max(ends), 2),
+            "counts_at_start": sorted({_start(r) for r in reports}),
             "job_wall_s": [round(r["wall_s"], 2) for r in reports],
             "files_from_source": sum(r["files_staged"] for r in reports),
             "bytes_from_source": sum(r["bytes_staged"] for r in reports),
@@ -97,15 +121,21 @@ def run_set(n, shared, job, work, skip):
             "cpu": cpu}
 
 
+def _start(report):
+    """A job's counts when it began: 'P x F + R' (prefetchers x files in flight + readers)."""
+    first = (report.get("counts_timeline") or [{}])[0]
+    return f"{first.get('prefetchers', '?')} x {first.get('in_flight', '?')} + {first.get('readers', '?')}"
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--samples", type=int, default=1024)
     ap.add_argument("--epochs", type=int, default=3)
-    ap.add_argument("--jobs", default="1,2,4")
+    ap.add_argument("--jobs", default="1,2,4,8")
     ap.add_argument("--open-ms", type=float, default=10.0)
     ap.add_argument("--compute-ms", type=float, default=20.0)
-    ap.add_argument("--prefetchers", type=int, default=8)
-    ap.add_argument("--readers", type=int, default=2)
+    ap.add_argument("--counts", default="auto,8:2",
+                    help="comma-separated: auto (the defaults) or PREFETCHERS:READERS set by hand")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
     libc = ctypes.CDLL(None, use_errno=True)
@@ -124,15 +154,14 @@ def main():
                 fh.write(f"""
 dataset: {{source: {mnt}, manifest: {MANIFEST}, loader: image, layout: chw}}
 plan: {{batch_size: 32, epochs: {args.epochs}, seed: 0}}
-staging: {{local_dir: {os.path.join(work, 'local')}, prefetchers: {args.prefetchers}, lookahead: 8,
-          capacity: unbounded}}
-reader: {{workers: {args.readers}}}
+staging: {{local_dir: {os.path.join(work, 'local')}}}
 run: {{compute_ms: {args.compute_ms}}}
 """)
             skip = descendants(os.getpid())  # the emulator: its opens are the jobs', its CPU is not theirs
             for n in [int(x) for x in args.jobs.split(",")]:
-                for shared in (True, False):
-                    results.append(run_set(n, shared, job, work, skip))
+                for counts in args.counts.split(","):
+                    for shared in (True, False):
+                        results.append(run_set(n, shared, counts, job, work, skip, data))
                     print(json.dumps(results[-1]), file=sys.stderr)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -144,20 +173,25 @@ run: {{compute_ms: {args.compute_ms}}}
 
 
 def markdown(out):
-    rows = ["| jobs | mode | all done (s) | each job (s) | files / MB from source | minibatches from group | "
-            "samples decoded | CPU s: jobs / readers / prefetchers / service |", "|" + "---|" * 8]
+    rows = ["| jobs | counts | mode | all done (s) | each job (s) | source opens | files / MB fetched | "
+            "minibatches from group | samples decoded | CPU s: jobs / readers / prefetchers / service |",
+            "|" + "---|" * 10]
     for r in out["results"]:
         c = r["cpu"]
-        rows.append(f"| {r['jobs']} | {'shared' if r['shared'] else 'independent'} | {r['elapsed_s']:.1f} | "
-                    f"{', '.join(f'{w:.1f}' for w in r['job_wall_s'])} | {r['files_from_source']} / "
+        counts = "defaults" if r.get("counts", "auto") == "auto" else r["counts"].replace(":", " + ") + " by hand"
+        rows.append(f"| {r['jobs']} | {counts} ({'; '.join(r.get('counts_at_start', []))}) | "
+                    f"{'shared' if r['shared'] else 'independent'} | {r['elapsed_s']:.1f} | "
+                    f"{', '.join(f'{w:.1f}' for w in r['job_wall_s'])} | {r.get('source_opens', '-')} | "
+                    f"{r['files_from_source']} / "
                     f"{r['bytes_from_source'] / 1e6:.0f} | {r['batches_from_group']} | {r['samples_decoded']} | "
                     f"{c['jobs']:.1f} / {c['readers']:.1f} / {c['prefetchers']:.1f} / {c['service']:.1f} |")
-    by = {(r["jobs"], r["shared"]): r for r in out["results"]}
+    by = {(r["jobs"], r.get("counts", "auto"), r["shared"]): r for r in out["results"]}
     lines = []
-    for n in sorted({r["jobs"] for r in out["results"]}):
-        if (n, True) in by and (n, False) in by:
-            lines.append(f"- {n} job(s): independent / shared all-done time = "
-                         f"{by[(n, False)]['elapsed_s'] / by[(n, True)]['elapsed_s']:.2f}x")
+    for n, counts, _ in sorted(by):
+        if (n, counts, True) in by and (n, counts, False) in by and _:
+            lines.append(f"- {n} job(s), {'defaults' if counts == 'auto' else counts + ' by hand'}: independent / "
+                         f"shared all-done time = "
+                         f"{by[(n, counts, False)]['elapsed_s'] / by[(n, counts, True)]['elapsed_s']:.2f}x")
     return "\n".join(rows + [""] + lines)
 
 

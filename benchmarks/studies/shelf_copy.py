@@ -11,8 +11,14 @@ A minibatch of 32 float32 CHW images of 256x256 (25 MB), the median of
   group's shelf does once files are reused);
 - ``mapped write, fresh file``: copying into a new file through a mapping
   (a page fault per 4 KiB on top);
-- ``read into a ring slot``: ``batchfile.read``, what a rank taking the
-  minibatch from the shelf pays.
+- ``take (map)``: ``batchfile.read``, what a rank taking the minibatch
+  from the shelf pays: a copy-on-write mapping, the arrays views of it;
+- ``take by copying``: the same bytes read (``preadv``) into memory of the
+  rank's own, written before (the way ranks took minibatches until the
+  mapping, into a slot of their ring);
+- each of the last two ``+ consumer reads it``: then summing every array,
+  as a training step that touches every pixel (the mapping's page faults
+  fall here).
 
     .venv/bin/python benchmarks/studies/shelf_copy.py
 """
@@ -33,6 +39,10 @@ from stager.engine import batchfile  # noqa: E402
 from stager.engine.wire import Ring  # noqa: E402
 
 
+def consume(samples):
+    return sum(float(array.sum()) for array, _ in samples)
+
+
 def timed(fn, repeat):
     times = []
     for i in range(repeat):
@@ -49,7 +59,7 @@ def main():
     samples = [(np.random.default_rng(i).random((3, 256, 256), dtype=np.float32), i) for i in range(32)]
     nbytes = sum(s[0].nbytes for s in samples)
     shm = tempfile.mkdtemp(prefix="stager-shelf-copy-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
-    ring, back = Ring(), Ring()
+    ring = Ring()
     sender, receiver = multiprocessing.Pipe()
     try:
         def ring_trip(i):
@@ -70,14 +80,26 @@ def main():
 
         reused = os.path.join(shm, "reused")
         batchfile.put(reused, samples)
+        own = np.empty(os.path.getsize(reused), np.uint8)
+
+        def copied(i):
+            fd = os.open(reused, os.O_RDONLY)
+            os.preadv(fd, [memoryview(own)], 0)
+            os.close(fd)
+            return [(own[4096 + k * array.nbytes:4096 + (k + 1) * array.nbytes].view(np.float32), n)
+                    for k, (array, n) in enumerate(samples)]
+
         rows = [("ring (reused slot)", timed(ring_trip, args.repeat)),
                 ("put, fresh file", timed(lambda i: batchfile.put(os.path.join(shm, f"f{i}"), samples), args.repeat)),
                 ("put, reused file", timed(lambda i: batchfile.put(reused, samples), args.repeat)),
                 ("mapped write, fresh file", timed(mapped, args.repeat)),
-                ("read into a ring slot", timed(lambda i: batchfile.read(reused, back), args.repeat))]
+                ("take (map)", timed(lambda i: batchfile.read(reused, lambda: None), args.repeat)),
+                ("take (map) + consumer reads it",
+                 timed(lambda i: consume(batchfile.read(reused, lambda: None)), args.repeat)),
+                ("take by copying", timed(copied, args.repeat)),
+                ("take by copying + consumer reads it", timed(lambda i: consume(copied(i)), args.repeat))]
     finally:
         ring.close()
-        back.close()
         for name in os.listdir(shm):
             os.unlink(os.path.join(shm, name))
         os.rmdir(shm)

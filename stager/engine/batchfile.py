@@ -1,20 +1,23 @@
 """A decoded minibatch in a file of shared memory, for the other jobs of a group (``staging.share``).
 
 The file holds a small header, the pickled minibatch with a reference in
-place of each array (``wire.pack``), and the arrays, page-aligned. Both
-ways go through the kernel, never through a mapping: the publishing reader
-writes the arrays with ``pwritev`` and a taking rank reads them with
-``preadv`` straight into a slot of its own ``wire.Ring``. Writing 25 MB into
-a fresh file through a mapping costs a page fault per 4 KiB on top of the
-new pages (24 ms here), the kernel's copy into a file written before the
-copy alone (6 ms; ``benchmarks/studies/shelf_copy.py``). And since no process maps a
-file, the group's service may give it to the next publisher as soon as the
-ranks taking it have read it (``group/shelf.py``).
+place of each array (``wire.pack``), and the arrays, page-aligned. The
+publishing reader writes the arrays with ``pwrite``: writing 25 MB into a
+fresh file through a mapping costs a page fault per 4 KiB on top of the new
+pages (24 ms here), the kernel's copy into a file written before the copy
+alone (6 ms; ``benchmarks/studies/shelf_copy.py``). A taking rank maps the
+file copy-on-write and its arrays are views of the mapping: no copy at all
+(a copy into the rank's own memory cost each of a group's jobs 6 ms a
+minibatch, more than the rest of its work), and a consumer that writes into
+an array writes into its own page, never the group's. The file is the
+rank's until the arrays are gone (``group/shelf.py``).
 """
 
+import mmap
 import os
 import pickle
 import struct
+import weakref
 
 import numpy as np
 
@@ -46,16 +49,37 @@ def _write(fd, data, at):
         data, at = data[done:], at + done
 
 
-def read(path, ring):
-    """The decoded minibatch at ``path``, its arrays in a slot of ``ring`` (``wire.Ring.read_file``)."""
+def read(path, gone):
+    """The decoded minibatch at ``path``, its arrays views of a private mapping of the file.
+
+    Args:
+        path: The shelf's file.
+        gone: Called, with no arguments and from whatever thread drops them,
+            once none of the minibatch's arrays is left (at once if it has none).
+
+    Raises:
+        EOFError: The file is shorter than its header says.
+    """
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         first = os.pread(fd, _ALIGN, 0)
+        if len(first) < _HEADER.size:
+            raise EOFError(f"the file holds {len(first)} bytes, less than its header")
         length, offset, nbytes = _HEADER.unpack_from(first, 0)
         meta = first[_HEADER.size:_HEADER.size + length]
         if len(meta) < length:
             meta += os.pread(fd, length - len(meta), _HEADER.size + len(meta))
         head, table = pickle.loads(meta)
-        return ring.read_file(fd, offset, nbytes, head, table)
+        if not nbytes:
+            gone()
+            return wire.unpack(head, np.empty(0, np.uint8), table)
+        size = os.fstat(fd).st_size
+        if size < offset + nbytes:
+            raise EOFError(f"the file ends {offset + nbytes - size} bytes early")
+        view = mmap.mmap(fd, offset + nbytes, access=mmap.ACCESS_COPY)
+        root = np.frombuffer(view, np.uint8, nbytes, offset)
+        # Every array below is a view of ``root``: the mapping goes, and ``gone`` runs, with the last one.
+        weakref.finalize(root, gone).atexit = False
+        return wire.unpack(head, root, table)
     finally:
         os.close(fd)

@@ -6,8 +6,9 @@ Who sends what (the arrows of ``docs/architecture.md``):
   answered by ``Welcome`` (or a refusal naming the conflicting setting);
 - rank coordinator -> node service: ``Hello`` once, then ``Need`` per
   minibatch, in a shared group ``Claim`` when about to decode it (answered
-  by ``Claimed``), ``Release`` once it has been read, ``Bye`` at the end, ``Fail``
-  when the rank fails;
+  by ``Claimed``), ``Release`` once it has been read, ``LetGo`` once the
+  arrays of a minibatch it took from the group's shelf are gone, ``Bye`` at
+  the end, ``Fail`` when the rank fails;
 - node service -> rank coordinator: ``Ready`` when a minibatch's files are
   all local, or the ``Failure`` that stopped staging;
 - node service -> prefetchers: ``StageTask``; prefetchers -> service:
@@ -81,8 +82,8 @@ class Welcome:
         rates: The group's probe (``perf.Rates.to_dict()``), where its
             counts are ``auto``: a job that joins takes them rather than
             reading the source for a probe of its own. None otherwise.
-        counts: ``(prefetchers, files each keeps in flight or None)``, the
-            group's now.
+        counts: ``(prefetchers, files each keeps in flight or None, jobs
+            attached with this one)``, the group's now.
     """
 
     local_dir: Optional[str] = None
@@ -107,10 +108,21 @@ class Release:
     """A rank has read minibatch ``seq``: its files need not stay pinned for it.
 
     ``published``: the rank decoded it for its group and put it on the shelf.
+    ``held``: the rank took it from the shelf and its arrays are views of
+    the shelf's file, which stays the rank's until ``LetGo``.
     """
 
     seq: int
     published: bool = False
+    held: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class LetGo:
+    """The arrays of minibatch ``seq``, taken from the group's shelf (``Release(held=True)``), are gone:
+    the shelf's file may be written again."""
+
+    seq: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,7 +167,8 @@ class Claim:
 @dataclass(frozen=True, slots=True)
 class Claimed:
     """The group's answer to ``Claim``: ``verdict`` ``publish`` (decode it and put it at ``path`` for the
-    others), ``shared`` (another job decoded it: read it from ``path``, held until ``Release``) or ``own``
+    others), ``shared`` (another job decoded it: read it from ``path``, held until ``Release``, or until ``LetGo`` when the
+    rank maps it) or ``own``
     (the job decoding it is late: decode it for this rank alone; ``path`` empty)."""
 
     seq: int

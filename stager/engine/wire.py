@@ -208,29 +208,6 @@ class Ring:
         weakref.finalize(root, self._release, slot[0]).atexit = False
         return unpack(head, root, table)
 
-    def read_file(self, fd, at, nbytes, head, table):
-        """``pack``'s object rebuilt from arrays read out of file ``fd`` (``nbytes`` at ``at``) into a slot.
-
-        The ring's two ends are in this process: a rank's ring for the
-        minibatches it takes from its group's shelf (``batchfile.read``).
-        Arrays are views of the slot, under the lifetime rule above.
-        """
-        if not nbytes:
-            return unpack(head, np.empty(0, np.uint8), table)
-        offset = self._slot(nbytes)
-        slot = self._map(offset, self._sizes[offset])
-        with memoryview(slot) as view:
-            done = 0
-            while done < nbytes:
-                got = os.preadv(fd, [view[done:nbytes]], at + done)
-                if not got:
-                    self._idle.add(offset)
-                    raise EOFError(f"the file ends {nbytes - done} bytes early")
-                done += got
-        root = np.frombuffer(slot, np.uint8)
-        weakref.finalize(root, self._release, offset).atexit = False
-        return unpack(head, root, table)
-
     def _release(self, offset):
         with self._lock:
             if self._freed_w < 0:

@@ -16,7 +16,9 @@ node service (``service_loop.py``):
   minibatch, when a reader of its is free for it: it decodes and publishes
   it, takes it from the shelf, or waits for the job decoding it
   (``shelf.py``). Claiming at read time, not when the files arrive, lets
-  the readers of every job in step decode for all of them.
+  the readers of every job in step decode for all of them. A rank that
+  took a minibatch holds its file until its arrays are gone (``LetGo``),
+  or until it leaves.
 """
 
 import time
@@ -24,7 +26,7 @@ import time
 import numpy as np
 
 from .shelf import OWN, PUBLISH, SHARED, WAIT
-from ..messages import Bye, Claim, Claimed, Fail, Hello, Join, Need, Ready, Release, Welcome
+from ..messages import Bye, Claim, Claimed, Fail, Hello, Join, LetGo, Need, Ready, Release, Welcome
 from ..node.service_loop import ServiceLoop
 from ...cache import ABSENT
 
@@ -53,6 +55,7 @@ class GroupLoop(ServiceLoop):
         self.next_key = 0
         self.counts = {}               # (conn, seq) -> (files, bytes) from others, (files, bytes) fetched
         self.roles = {}                # (conn, seq) -> (verdict, stream, key) on the shelf
+        self.held = {}                 # conn -> {seq: (stream, key)}: shelf files its arrays still view
         self.fetched_by = np.full(len(self.catalog.sizes), -1, dtype=np.int32)  # which job fetched each file
         self.deadline = time.monotonic() + service.first_join_s
         self.next_wait_check = 0.0
@@ -83,7 +86,11 @@ class GroupLoop(ServiceLoop):
         elif isinstance(msg, Claim):
             self.claim(conn, msg.seq)
         elif isinstance(msg, Release):
-            self.release(self.requests.pop((conn, msg.seq), None), msg.published)
+            self.release(self.requests.pop((conn, msg.seq), None), msg.published, msg.held)
+        elif isinstance(msg, LetGo):
+            hold = self.held.get(conn, {}).pop(msg.seq, None)
+            if hold is not None:
+                self.s.shelf.let_go(*hold)
         elif isinstance(msg, Hello):
             client.key = self.next_key
             self.next_key += 1
@@ -114,7 +121,8 @@ class GroupLoop(ServiceLoop):
                 return
         number = self.jobs.setdefault(msg.job.split(" rank ")[0], len(self.jobs))
         self.who[conn] = _Client(number)
-        self.send(conn, Welcome(self.s.local_dir, self.s.ahead, rates=self.s.rates, counts=self.s.counts()))
+        jobs = len({c.number for c in self.who.values()})  # this one's too
+        self.send(conn, Welcome(self.s.local_dir, self.s.ahead, rates=self.s.rates, counts=self.s.counts() + (jobs,)))
         if self.failed is not None:
             self.send(conn, self.failed)
 
@@ -123,6 +131,8 @@ class GroupLoop(ServiceLoop):
             return
         self.clients.remove(conn)
         self.forget(conn)
+        for hold in self.held.pop(conn, {}).values():  # its arrays may outlive its pipe: files not reused
+            self.s.shelf.let_go(*hold, left=True)
         client = self.who.pop(conn, None)
         if client is not None and client.key is not None:
             self.cache.drop_plan(client.key)
@@ -159,7 +169,7 @@ class GroupLoop(ServiceLoop):
         if verdict != WAIT:
             self.send(conn, Claimed(seq, verdict, path))
 
-    def release(self, request, published=False):
+    def release(self, request, published=False, held=False):
         if request is None:
             return
         self.counts.pop((request.conn, request.seq), None)  # released before its answer: its client left
@@ -167,7 +177,9 @@ class GroupLoop(ServiceLoop):
         if role is not None:
             verdict, stream, key = role
             shelf = self.s.shelf
-            if verdict == SHARED:
+            if verdict == SHARED and held:
+                self.held.setdefault(request.conn, {})[request.seq] = (stream, key)
+            elif verdict == SHARED:
                 shelf.let_go(stream, key)
             elif verdict == PUBLISH:
                 for waiter, answer, path in shelf.published(stream, key, request, published, time.monotonic()):

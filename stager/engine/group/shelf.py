@@ -10,15 +10,17 @@ way. For each minibatch of a stream, the service (``Shelf``) decides:
   file in the group's shared memory directory (``engine.batchfile.put``);
 - a rank whose minibatch is being decoded by another **waits** for it (it
   is at most one decode behind the leader);
-- a rank whose minibatch is on the shelf **takes** it: it reads the file
-  into its own shared memory (``engine.batchfile.read``), a copy instead of
-  a decoding, and releases it.
+- a rank whose minibatch is on the shelf **takes** it: it maps the file
+  copy-on-write (``engine.batchfile.read``), neither a decoding nor a copy,
+  and holds it until the minibatch's arrays are gone (``LetGo``).
 
 Files are reused: a minibatch written into fresh shared memory costs the
 kernel a zeroed page per 4 KiB (13 ms for 25 MB of float32 images here,
 against 6 ms into a file written before: ``benchmarks/studies/shelf_copy.py``), so a file that left the
-shelf goes to the next publisher. No process maps these files, so a file is
-free once it is off the shelf and every rank taking it has released it.
+shelf goes to the next publisher once every rank that took it has let it
+go. A rank that leaves with arrays it took still alive (its job closed the
+loader and kept a minibatch) lets go of files that may still be mapped:
+those are unlinked when they leave the shelf, never written again.
 
 A rank waits for another's decoding only so long: at most four times the
 stream's usual time from claim to publication (and at least a second).
@@ -42,13 +44,14 @@ _MIN_WAIT_S = 1.0
 
 
 class _Entry:
-    __slots__ = ("path", "decoder", "waiters", "holders", "since")
+    __slots__ = ("path", "decoder", "waiters", "holders", "since", "orphaned")
 
     def __init__(self, path, decoder, now):
         self.path, self.decoder = path, decoder   # decoder: the request decoding it; None once published
         self.waiters = []                         # requests waiting for it to be published
         self.holders = 0                          # ranks taking it (between their Claimed and Release)
         self.since = now                          # when its decoding was claimed
+        self.orphaned = False                     # a rank left holding it: never written again
 
 
 class Shelf:
@@ -140,22 +143,25 @@ class Shelf:
         if entry is not None and request in entry.waiters:
             entry.waiters.remove(request)
 
-    def let_go(self, stream, key):
-        """A rank that took minibatch ``key`` of ``stream`` has read it."""
+    def let_go(self, stream, key, left=False):
+        """A rank that took minibatch ``key`` of ``stream`` is done with it (``left``: it left the group,
+        perhaps with the arrays still mapped)."""
         entries = self._streams[stream]
         entry = entries.get(key)
         if entry is not None:
             entry.holders -= 1
+            entry.orphaned |= left
             self._trim(entries)
 
     def _trim(self, entries):
         on_shelf = [k for k, e in entries.items() if e.decoder is None]
         for key in on_shelf[:max(0, len(on_shelf) - self.window)]:
             if entries[key].holders <= 0:
-                self._free_file(entries.pop(key).path)
+                entry = entries.pop(key)
+                self._free_file(entry.path, reuse=not entry.orphaned)
 
-    def _free_file(self, path):
-        if len(self._free) < self.window:
+    def _free_file(self, path, reuse=True):
+        if reuse and len(self._free) < self.window:
             self._free.append(path)
         else:
             try:

@@ -10,12 +10,14 @@ connection to the node's staging service at once, and decides:
   (the shared task queue of its reader pool);
 - in which order decoded minibatches reach the consumer (plan order, by
   sequence number), and when the service may unpin a minibatch's files
-  (``Release``, once a reader has read them).
+  (``Release``, once a reader has read them) or, in a shared group, write
+  again a shelf file this rank took (``LetGo``, once its arrays are gone).
 
 Any failure, from a worker, the service or a bug here, goes to the consumer
 as one ``StageError``.
 """
 
+import functools
 import multiprocessing.connection as mpc
 import queue
 import threading
@@ -23,7 +25,7 @@ import time
 
 from .batch import Batch
 from .. import batchfile
-from ..messages import Claim, Claimed, Consumed, Decoded, Failure, Need, ReadTask, Ready, Release
+from ..messages import Claim, Claimed, Consumed, Decoded, Failure, LetGo, Need, ReadTask, Ready, Release
 from ..workers.pool import RETIRED
 from ... import telemetry as tm
 from ...errors import StageError
@@ -55,8 +57,9 @@ class Channels:
         shut: Set once the shutdown protocol has run to its end.
         claims: In a shared group with a decoded stream, the rank asks
             (``Claim``) before decoding each minibatch.
-        shelf_ring: Then, the rank's ``wire.Ring`` for the minibatches it
-            takes from the group's shelf.
+        shelf_gone: Then, a ``collections.deque`` of the minibatches taken
+            from the group's shelf whose arrays are gone (their finalisers
+            append from whatever thread drops them), to let go of.
         linger: Seconds to wait after the goodbye for the service to hang up
             (a shared group's); 0: none.
         finish: A callable taking a ``Batch`` and returning its samples as
@@ -76,7 +79,7 @@ class Channels:
         self.on_end = None
         self.shut = threading.Event()
         self.claims = False
-        self.shelf_ring = None
+        self.shelf_gone = None
         self.linger = 0.0
         self.finish = None
         self._claim_lock = threading.Lock()
@@ -184,6 +187,7 @@ class Coordinator:
                     finish()
                 return
             ready = mpc.wait(waitables, timeout=1.0)
+            self.let_go()
             if not ready and ch.service is not None and not ch.service.alive():
                 self.handle(Failure("prefetch", "service", cause="ServiceGone",
                                     message="the node's staging service stopped"))
@@ -270,7 +274,7 @@ class Coordinator:
         mb = self.batches[seq]
         begin = time.perf_counter()
         try:
-            samples = batchfile.read(path, self.ch.shelf_ring)
+            samples = batchfile.read(path, functools.partial(self.ch.shelf_gone.append, seq))
         except (OSError, EOFError) as exc:
             self.ch.out.put(Failure.from_exception("read", "shelf", exc, mb.epoch, mb.step, path,
                                                    f"cannot take minibatch {mb.step} of epoch {mb.epoch}, decoded "
@@ -278,8 +282,14 @@ class Coordinator:
             return True
         self.first_read = True
         self.telemetry.record(tm.GROUP, tm.GROUP_TAKEN, len(samples), 0)
-        self.ch.send(Release(seq))
+        self.ch.send(Release(seq, held=True))
         return self.deliver(seq, samples, time.perf_counter() - begin)
+
+    def let_go(self):
+        """Tells the group which shelf files this rank's arrays no longer view."""
+        gone = self.ch.shelf_gone
+        while gone:
+            self.ch.send(LetGo(gone.popleft()))
 
     def deliver(self, seq, samples, seconds, collated=False):
         """Minibatch ``seq`` is decoded: the consumer gets it, and those before it, in plan order.

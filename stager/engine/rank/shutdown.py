@@ -60,8 +60,6 @@ def stop(ch, timeout, peer_wait_s, reason=None):
                 ch.client.close()
             finally:
                 ch.client_lock.release()
-    if ch.shelf_ring is not None:
-        ch.shelf_ring.close()  # arrays still held keep their memory
     if ch.readers is not None:
         stuck += ch.readers.stop(timeout)
     if ch.service is not None:

@@ -10,6 +10,7 @@ state lives on the pipeline); ``pipeline.py`` the life cycle and the
 consumer's side.
 """
 
+import collections
 import logging
 import multiprocessing
 import multiprocessing.connection as mpc
@@ -129,7 +130,7 @@ class Startup:
                 read_root = self.local_dir = self._join_group(spec)
                 stream = group.stream_key(spec, self._loader, options, world.rank)
                 ch.claims = stream is not None
-                ch.shelf_ring = Ring() if ch.claims else None
+                ch.shelf_gone = collections.deque() if ch.claims else None
                 ch.send(Hello(world.rank, spec, stream, self._ahead()))
             elif self._staging.enabled:
                 self.local_dir = self._jobdir.path

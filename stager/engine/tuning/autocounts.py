@@ -65,8 +65,10 @@ def resolve(staging, reader, dataset, batch_size, catalog, source, node_comm, lo
             than open files of the source that another node reads.
         given: A callable, run on the node leader only, returning
             measurements already made, ``(rates dict, (prefetchers, in
-            flight) or None)``, or None to probe: a shared group's, whose
-            counts a joining job takes rather than reading the source again.
+            flight, jobs attached) or None)``, or None to probe: a shared
+            group's, whose counts a joining job takes rather than reading
+            the source again. Its readers are its share of one job's: the
+            group decodes each minibatch once, with every job's readers.
 
     Returns:
         ``(staging, reader, rates, in_flight)``: ``rates`` is the probe's
@@ -105,6 +107,9 @@ def resolve(staging, reader, dataset, batch_size, catalog, source, node_comm, lo
                                                   most_processes=prefetcher_limit(rates))
     if theirs is not None:  # the group's prefetchers as they run now, however its tuner moved them
         prefetchers, in_flight = theirs[0], theirs[1] if in_flight is not None else None
+        # Each reader process costs its start (a fork, the image libraries, its first shared memory) however
+        # little it decodes; a pool that falls short grows (``reader.workers: auto``), also as jobs leave.
+        readers = max(1, readers // theirs[2])
     if is_auto(staging.prefetchers):
         staging = replace(staging, prefetchers=prefetchers)
     if is_auto(reader.workers):
@@ -112,7 +117,8 @@ def resolve(staging, reader, dataset, batch_size, catalog, source, node_comm, lo
     fetching = (f"{staging.prefetchers} prefetchers x {in_flight or source.concurrency} files in flight, "
                 if staging.enabled else "staging off, ")
     log.info("stager: auto counts%s: %s%s readers (probe: open %.1f ms, %.0f MB/s, read %.2f ms/file, CPU %.2f "
-             "ms/file, %d cores)", " (the group's)" if theirs is not None else "", fetching, reader.workers,
+             "ms/file, %d cores)", f" (the group's, {theirs[2]} jobs)" if theirs is not None else "", fetching,
+             reader.workers,
              rates.open_s * 1000, rates.bandwidth / 1e6, rates.read_s * 1000, rates.cpu_s * 1000, rates.cores)
     return staging, reader, rates, in_flight
 
