@@ -187,8 +187,8 @@ def markdown(out):
                     f"{c['jobs']:.1f} / {c['readers']:.1f} / {c['prefetchers']:.1f} / {c['service']:.1f} |")
     by = {(r["jobs"], r.get("counts", "auto"), r["shared"]): r for r in out["results"]}
     lines = []
-    for n, counts, _ in sorted(by):
-        if (n, counts, True) in by and (n, counts, False) in by and _:
+    for n, counts, shared in sorted(by):
+        if shared and (n, counts, False) in by:
             lines.append(f"- {n} job(s), {'defaults' if counts == 'auto' else counts + ' by hand'}: independent / "
                          f"shared all-done time = "
                          f"{by[(n, counts, False)]['elapsed_s'] / by[(n, counts, True)]['elapsed_s']:.2f}x")
