@@ -167,6 +167,15 @@ def test_four_jobs_read_each_file_once_and_decode_each_minibatch_once(group):
     shown = subprocess.run(stager_cmd("report", str(procs[1].rec / "r.json")), capture_output=True, text=True,
                            check=True).stdout
     assert f"{groups[1]['files_from_group']} files" in shown and "source reads the group saved it" in shown
+    for proc, g in zip(procs, groups):  # what the others' decoding spared each job, in its report
+        shown = subprocess.run(stager_cmd("report", str(proc.rec / "r.json")), capture_output=True, text=True,
+                               check=True).stdout
+        if g["batches_from_group"]:
+            assert g["decoding_spared_s"] > 0
+            assert (f"decoding the {g['samples_from_group']} samples the others decoded for this job took their "
+                    f"readers {g['decoding_spared_s']:.1f} s") in shown, shown
+        else:
+            assert g["decoding_spared_s"] == 0 and "the others decoded for this job" not in shown
 
 
 COUNTS = re.compile(r"stager: auto counts( \(the group's, (\d+) jobs\))?: (\d+) prefetchers x (\d+) files in flight, "

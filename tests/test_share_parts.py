@@ -107,15 +107,16 @@ def test_a_minibatch_file_gives_back_equal_arrays_whose_writes_stay_the_ranks_ow
                (torch.arange(2000, dtype=torch.int64).reshape(40, 50), 0)]
     path = str(tmp_path / "0.batch")
     batchfile.put(path, [(np.ones(10 ** 6), 0)])  # a bigger minibatch wrote the file before
-    batchfile.put(path, samples)
+    batchfile.put(path, samples, 0.125)
     gone = threading.Event()
-    back = batchfile.read(path, gone.set)
+    back, seconds = batchfile.read(path, gone.set)
+    assert seconds == 0.125, "the publisher's decoding time travels with the minibatch"
     assert np.array_equal(back[0][0], samples[0][0]) and back[0][1] == 4
     assert np.array_equal(back[1][0], samples[1][0]) and back[1][0].flags.f_contiguous
     assert np.array_equal(back[2][0]["jpg"], samples[2][0]["jpg"]) and back[2][0]["txt"] == b"x" * 5000
     assert isinstance(back[3][0], torch.Tensor) and torch.equal(back[3][0], samples[3][0])
     back[0][0][:] = 0  # a consumer normalising in place: its own page, not the group's file
-    other = batchfile.read(path, lambda: None)
+    other, _ = batchfile.read(path, lambda: None)
     assert np.array_equal(other[0][0], samples[0][0]), "another job taking it sees the decoded pixels"
     os.unlink(path)  # the shelf removing it: the arrays keep their memory
     assert not back[0][0].any() and np.array_equal(back[1][0], samples[1][0])
@@ -133,7 +134,7 @@ def test_a_minibatch_without_arrays_is_let_go_at_once(tmp_path):
     path = str(tmp_path / "0.batch")
     batchfile.put(path, [(b"bytes", 1), ("text", 2)])
     gone = threading.Event()
-    assert batchfile.read(path, gone.set) == [(b"bytes", 1), ("text", 2)] and gone.is_set()
+    assert batchfile.read(path, gone.set) == ([(b"bytes", 1), ("text", 2)], 0.0) and gone.is_set()
 
 
 def test_a_minibatch_file_cut_short_is_an_error_not_a_minibatch(tmp_path):

@@ -95,7 +95,7 @@ def main():
                 ("mapped write, fresh file", timed(mapped, args.repeat)),
                 ("take (map)", timed(lambda i: batchfile.read(reused, lambda: None), args.repeat)),
                 ("take (map) + consumer reads it",
-                 timed(lambda i: consume(batchfile.read(reused, lambda: None)), args.repeat)),
+                 timed(lambda i: consume(batchfile.read(reused, lambda: None)[0]), args.repeat)),
                 ("take by copying", timed(copied, args.repeat)),
                 ("take by copying + consumer reads it", timed(lambda i: consume(copied(i)), args.repeat))]
     finally:

@@ -27,10 +27,14 @@ _HEADER = struct.Struct("=QQQ")  # bytes of the pickled (head, table), offset of
 _ALIGN = 4096
 
 
-def put(path, samples):
-    """Writes a decoded minibatch into the file ``path`` (new, or one nobody reads any more)."""
+def put(path, samples, seconds=0.0):
+    """Writes a decoded minibatch into the file ``path`` (new, or one nobody reads any more).
+
+    ``seconds``, the reader's time decoding it, travels with it: what each
+    job that takes it was spared (its report's ``group``).
+    """
     head, table, arrays, nbytes = wire.pack(samples)
-    meta = pickle.dumps((head, table), protocol=5)
+    meta = pickle.dumps((head, table, seconds), protocol=5)
     offset = -(-(_HEADER.size + len(meta)) // _ALIGN) * _ALIGN
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
@@ -50,7 +54,8 @@ def _write(fd, data, at):
 
 
 def read(path, gone):
-    """The decoded minibatch at ``path``, its arrays views of a private mapping of the file.
+    """``(minibatch, seconds)``: the decoded minibatch at ``path``, its arrays views of a private mapping of
+    the file, and the publishing reader's seconds decoding it.
 
     Args:
         path: The shelf's file.
@@ -69,10 +74,10 @@ def read(path, gone):
         meta = first[_HEADER.size:_HEADER.size + length]
         if len(meta) < length:
             meta += os.pread(fd, length - len(meta), _HEADER.size + len(meta))
-        head, table = pickle.loads(meta)
+        head, table, seconds = pickle.loads(meta)
         if not nbytes:
             gone()
-            return wire.unpack(head, np.empty(0, np.uint8), table)
+            return wire.unpack(head, np.empty(0, np.uint8), table), seconds
         size = os.fstat(fd).st_size
         if size < offset + nbytes:
             raise EOFError(f"the file ends {offset + nbytes - size} bytes early")
@@ -80,6 +85,6 @@ def read(path, gone):
         root = np.frombuffer(view, np.uint8, nbytes, offset)
         # Every array below is a view of ``root``: the mapping goes, and ``gone`` runs, with the last one.
         weakref.finalize(root, gone).atexit = False
-        return wire.unpack(head, root, table)
+        return wire.unpack(head, root, table), seconds
     finally:
         os.close(fd)

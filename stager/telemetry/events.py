@@ -42,7 +42,7 @@ kind           a                    b                   value
                3 files in flight
 ``LOCAL``      epoch                bytes read locally  samples read locally
 ``FALLBACK``   catalog index        bytes               epoch (read from the source: its holder stalled)
-``GROUP``      what (below)         files or samples    bytes (files) or 0
+``GROUP``      what (below)         files or samples    bytes (files), seconds (taken) or 0
 ``DROPPED``    catalog index        bytes               epoch being requested (an evicted file read again)
 ``SWAP_OUT``   catalog index        bytes               epoch (dropped for room, given to a holder)
 ``SWAP_IN``    catalog index        bytes               epoch (another node gave it; kept here)
@@ -53,7 +53,8 @@ kind           a                    b                   value
 A ``GROUP`` event (a job of a shared group, ``staging.share``) says, by its
 ``a``: ``GROUP_FILES``, files of a minibatch another job had staged;
 ``GROUP_FETCHED``, files this job's minibatch had fetched from the source;
-``GROUP_TAKEN``, a minibatch another job decoded (``b``: its samples);
+``GROUP_TAKEN``, a minibatch another job decoded (``b``: its samples; the
+value: its reader's seconds decoding it);
 ``GROUP_GIVEN``, a minibatch this job decoded and published for the others.
 
 ``FINISHED`` is the ``next()`` that found the plan's end: with the

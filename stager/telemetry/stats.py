@@ -130,7 +130,7 @@ class Stats:
         if self.group is None:
             self.group = dict.fromkeys(("files_from_group", "bytes_from_group", "files_fetched", "bytes_fetched",
                                         "batches_from_group", "samples_from_group", "batches_published",
-                                        "samples_decoded"), 0)
+                                        "samples_decoded", "decoding_spared_s"), 0)
         group = self.group
         if what == tm.GROUP_FILES:
             group["files_from_group"] += count
@@ -140,9 +140,10 @@ class Stats:
             group["bytes_fetched"] += int(nbytes)
             self.files_staged += count  # what this job had copied: the others' share is in files_from_group
             self.bytes_staged += int(nbytes)
-        elif what == tm.GROUP_TAKEN:
+        elif what == tm.GROUP_TAKEN:  # ``nbytes`` carries the seconds another job's reader spent decoding it
             group["batches_from_group"] += 1
             group["samples_from_group"] += count
+            group["decoding_spared_s"] = round(group["decoding_spared_s"] + nbytes, 4)
         elif what == tm.GROUP_GIVEN:
             group["batches_published"] += 1
 

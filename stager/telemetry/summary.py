@@ -39,7 +39,16 @@ def group_lines(report):
             "by other jobs (source reads the group saved it)",
             f"group {name!r}: {g['batches_from_group']} minibatches ({g['samples_from_group']} samples) decoded by "
             f"other jobs; {g['samples_decoded']} samples decoded here, {g['batches_published']} minibatches of them "
-            "published for the others"]
+            "published for the others"] + _decoding_spared(name, g)
+
+
+def _decoding_spared(name, group):
+    """What the group's decoding spared a job: the seconds the other jobs' readers spent on its minibatches."""
+    spared = group.get("decoding_spared_s")  # reports written before it was counted have none
+    if not spared:
+        return []
+    return [f"group {name!r}: decoding the {group['samples_from_group']} samples the others decoded for this job "
+            f"took their readers {spared:.1f} s, which this job's readers did not spend"]
 
 
 def _reads(reads):

@@ -21,7 +21,7 @@ import time
 import numpy as np
 
 from . import names
-from .daemon import LAUNCHER, OwnedDir
+from .owned import OwnedDir
 from ..messages import Join
 from ...errors import ConfigError, StageError
 from ...storage import agreed_job_id, named_local_base
@@ -60,7 +60,7 @@ def _connect(name):
 
 def _launch(setup):
     # The group's name on the command line also says in ``ps`` which group the service is.
-    proc = subprocess.run([sys.executable, "-c", LAUNCHER, setup["name"]], input=pickle.dumps(setup),
+    proc = subprocess.run([sys.executable, "-c", names.LAUNCHER, setup["name"]], input=pickle.dumps(setup),
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=setup["start_timeout_s"])
     said = proc.stdout.decode().strip()
     if said not in ("ready", "taken"):

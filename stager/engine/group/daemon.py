@@ -1,6 +1,6 @@
 """The group's staging service process: started by the first job of a group, ended by the last.
 
-A job that finds no service runs ``LAUNCHER`` (``python -c``, the group's
+A job that finds no service runs ``names.LAUNCHER`` (``python -c``, the group's
 name as argument, the founding job's setup pickled on standard input). It
 claims the group's address by binding it before it imports anything of
 stager, so the jobs that lose a race to start the group cost a bare
@@ -15,18 +15,17 @@ directories. Should it be killed, its janitors remove them, and a later
 job's start removes any a reboot left behind (``storage.leftovers``).
 """
 
-import fcntl
 import logging
 import multiprocessing
 import multiprocessing.connection as mpc
 import os
 import pickle
-import shutil
 import socket
 import threading
 
 from . import names
 from .loop import GroupLoop
+from .owned import OwnedDir
 from .shelf import Shelf
 from ..messages import Failure
 from ..node.service import Doorway
@@ -39,69 +38,12 @@ from ...cache import Cache, policy_name
 from ...sources import open_source
 from ...storage import staging_capacity
 from ...storage.basedir import check_base
-from ...storage.janitor import Janitor
-from ...storage.leftovers import LOCK, sweep_at_start, write_owner
 from ...telemetry import Stats
 
 log = logging.getLogger(__name__)
 
-# Binds the group's address first (the claim), then forks the service; imports stager in the service only.
-LAUNCHER = """
-import errno, os, socket, sys
-sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-try:
-    sock.bind("\\0stager-share-%d-%s" % (os.getuid(), sys.argv[1]))
-except OSError as exc:
-    print("taken" if exc.errno == errno.EADDRINUSE else "error: cannot listen: %s" % exc)
-    sys.exit(0 if exc.errno == errno.EADDRINUSE else 1)
-sock.listen(128)
-setup = sys.stdin.buffer.read()
-read, write = os.pipe()
-if os.fork():
-    os.close(write)
-    said = os.fdopen(read, "rb").read().decode() or "error: the service process ended before it started"
-    print(said)
-    sys.exit(0 if said == "ready" else 1)
-os.close(read)
-os.setsid()
-null = os.open(os.devnull, os.O_RDWR)
-for fd in (0, 1, 2):
-    os.dup2(null, fd)  # nobody's pipe is held open by the service
-code = 1
-try:
-    from stager.engine.group.daemon import serve
-    code = serve(sock, setup, write)
-finally:
-    os._exit(code)
-"""
 FIRST_JOIN_S = 120.0  # a service nobody attached to by then was started by a job that died first
 SHM = "/dev/shm"
-
-
-class OwnedDir:
-    """A directory of the group's: made 0700 with an owner record, watched by a janitor (removed if its
-    process dies). The service's own, and the probe's copies a founding job makes for it."""
-
-    def __init__(self, base, name):
-        sweep_at_start(base)  # services (or jobs) of this user that are gone
-        self.path = os.path.join(base, name)
-        os.mkdir(self.path, 0o700)
-        self._lock = os.open(os.path.join(self.path, LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        fcntl.flock(self._lock, fcntl.LOCK_EX)
-        write_owner(self._lock, False)
-        self.janitor = Janitor(self.path)
-
-    def remove(self, stuck=()):
-        """Removes the directory; safe twice."""
-        if self._lock < 0:
-            return
-        shutil.rmtree(self.path, ignore_errors=True)
-        os.close(self._lock)
-        self._lock = -1
-        if stuck:
-            self.janitor.hand_over()
-        else:
-            self.janitor.release()
 
 
 class GroupService(Doorway):

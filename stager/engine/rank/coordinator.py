@@ -274,14 +274,14 @@ class Coordinator:
         mb = self.batches[seq]
         begin = time.perf_counter()
         try:
-            samples = batchfile.read(path, functools.partial(self.ch.shelf_gone.append, seq))
+            samples, seconds = batchfile.read(path, functools.partial(self.ch.shelf_gone.append, seq))
         except (OSError, EOFError) as exc:
             self.ch.out.put(Failure.from_exception("read", "shelf", exc, mb.epoch, mb.step, path,
                                                    f"cannot take minibatch {mb.step} of epoch {mb.epoch}, decoded "
                                                    f"by another job of the group, from {path}: {exc}").to_error())
             return True
         self.first_read = True
-        self.telemetry.record(tm.GROUP, tm.GROUP_TAKEN, len(samples), 0)
+        self.telemetry.record(tm.GROUP, tm.GROUP_TAKEN, len(samples), seconds)
         self.ch.send(Release(seq, held=True))
         return self.deliver(seq, samples, time.perf_counter() - begin)
 

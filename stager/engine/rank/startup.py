@@ -22,8 +22,6 @@ from .coordinator import Coordinator
 from .. import group
 from .. import perf
 from ..messages import Hello
-from ..node.service import StagingService
-from ..peers import node_holders, node_peers, reads_from_source
 from ..perf.probe import first_files, peek_first_files
 from ..tuning import autocounts
 from ..tuning.deepening import Deepening
@@ -81,8 +79,9 @@ class Startup:
             self._jobdirs.append(self._jobdir)
         # Collective: before the probe, which with peers reads only what this node reads from the source.
         peer_link = self._join_peers() if own_dir else None
-        holders = None
+        holders = reads_from_source = None
         if peer_link is not None and world.node_leader:
+            from ..peers import node_holders, reads_from_source  # imported where used: see _connect_service
             holders = node_holders(peer_link, spec, self.catalog)
         # The probe reads the plan's first files (or containers) into the job's directory, where the
         # prefetchers find them; with peers, only those this node is the first to read (the others come
@@ -196,6 +195,11 @@ class Startup:
         Returns:
             The node-local directory to read staged files from.
         """
+        # Imported here, not with this module: a job of a shared group (``staging.share``) runs neither the
+        # node's own service nor peers, and every job of a group pays its imports' CPU again at its start.
+        from ..node.service import StagingService
+        from ..peers import node_peers
+
         world, ch = self.world, self._ch
         shared = world.node_comm is not None and world.local_size > 1
 

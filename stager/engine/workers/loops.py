@@ -157,7 +157,8 @@ def reader_main(worker, parent_pid, tasks, reply, stop, root, loader, loader_opt
         published = False
         if task.publish is not None:
             try:
-                batchfile.put(task.publish, samples)  # as decoded: another job of the group may collate otherwise
+                # As decoded: another job of the group may collate otherwise.
+                batchfile.put(task.publish, samples, time.perf_counter() - start)
                 published = True
             except (OSError, pickle.PicklingError, TypeError):
                 pass  # the group's shared memory is full or the samples do not travel: the others decode it
