@@ -33,3 +33,19 @@ def test_publishing_never_writes_outside_the_staging_directory(tmp_path):
         with pytest.raises(ValueError, match="would leave the staging directory"):
             publish(str(tmp_path / "dst"), rel, 1, lambda fd: os.write(fd, b"x"))
     assert not (tmp_path / "escape.bin").exists() and not (tmp_path / "dst").exists()
+
+
+def test_publishing_makes_missing_directories_and_leaves_no_temporary_file(tmp_path):
+    from stager.sources import publish
+
+    dst = tmp_path / "dst"
+    for rel, body in (("a/b/one.bin", b"1"), ("a/b/two.bin", b"22"), ("a/c/three.bin", b"333"), ("top.bin", b"")):
+        assert publish(str(dst), rel, len(body), lambda fd, body=body: os.write(fd, body)) == len(body)
+        assert (dst / rel).read_bytes() == body
+    assert (os.stat(dst / "a" / "b").st_mode & 0o777) == 0o700
+    # The first file of a directory removed since (by hand) makes it again.
+    os.remove(dst / "a" / "c" / "three.bin")
+    os.rmdir(dst / "a" / "c")
+    assert publish(str(dst), "a/c/four.bin", 1, lambda fd: os.write(fd, b"4")) == 1
+    left = sorted(os.path.relpath(os.path.join(d, f), dst) for d, _, fs in os.walk(dst) for f in fs)
+    assert left == ["a/b/one.bin", "a/b/two.bin", "a/c/four.bin", "top.bin"]

@@ -21,7 +21,10 @@ kernel's own work included), so each epoch's CPU a sample is known per kind. Bes
 run, the physics of a staged copy: opening and reading one file through
 the emulator (the client's and the daemon's CPU), creating, writing and
 renaming one in each staging directory, reading it back, and the
-transforms on a local file. Epoch 1's CPU above epoch 2's holds what each
+transforms on a local file; then the same files copied in threads three
+ways (by hand, by stager's fetch with its checks, by one prefetcher with
+its bookkeeping), so each layer's CPU a file is known apart from the
+contention of a full run. Epoch 1's CPU above epoch 2's holds what each
 staged file costs and what the job pays once (the probe, forking the
 workers, the readers' shared memory faulted in): two dataset sizes tell
 them apart, and the last table gives both.
@@ -35,6 +38,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -44,6 +48,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from torch_dropin import BATCH, cpu_of, emulated_jpeg_folder, one_run_arguments, transforms  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
+FETCH_THREADS = 24  # files in flight in the threaded copies (auto gives a prefetcher 20-30 here)
 
 
 def busy_seconds():
@@ -131,7 +136,7 @@ def run(method, n, mnt, local, daemon, args):
 
 
 def physics(mnt, daemon, dirs, files=200):
-    """CPU milliseconds a file of the copy's parts, one thread: ``{part: ms}``."""
+    """CPU milliseconds a file of the copy's parts, one thread, then the whole copy in threads: ``{part: ms}``."""
     names = sorted(os.path.join(root, f) for root, _, fs in os.walk(mnt) for f in fs)[:files]
     out = {}
     before_c, before_d = time.process_time(), cpu_of(daemon)
@@ -156,7 +161,68 @@ def physics(mnt, daemon, dirs, files=200):
                 with open(os.path.join(scratch, f"{i}.jpg"), "rb", buffering=0) as fh:
                     fh.read()
             out[f"read back: {label}"] = (time.process_time() - begin) / len(payloads) * 1000
+        out.update(threaded_copies(mnt, names, label, where))
     return {part: round(ms, 3) for part, ms in out.items()}
+
+
+def threaded_copies(mnt, names, label, where):
+    """CPU ms a file of the same copy in ``FETCH_THREADS`` threads: by hand, by stager's fetch, by a prefetcher.
+
+    By hand: open, ``sendfile``, create and rename, nothing else. Stager's
+    fetch adds its checks (the catalog's size and time against the open
+    file's, before and after) and its publishing (a temporary name, the
+    source's modification time, the rename). A prefetcher adds its threads'
+    bookkeeping: its task queue, each file's clocks and the replies.
+    """
+    from stager.engine.messages import StageTask
+    from stager.engine.workers.inflight import InFlight
+    from stager.engine.workers.loops import _fetch
+    from stager.sources import PosixSource
+
+    files = []
+    for index, name in enumerate(names):
+        st = os.stat(name)
+        files.append((index, os.path.relpath(name, mnt), st.st_size, st.st_mtime_ns))
+    source = PosixSource(mnt)
+
+    def by_hand(dst, file):
+        src = os.open(os.path.join(mnt, file[1]), os.O_RDONLY)
+        try:
+            tmp = os.path.join(dst, f".{file[0]}.part")
+            out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            while os.sendfile(out, src, None, 1 << 20):
+                pass
+            os.close(out)
+            os.rename(tmp, os.path.join(dst, f"{file[0]}.jpg"))
+        finally:
+            os.close(src)
+
+    class Replies:
+        def send(self, msg):
+            assert type(msg).__name__ == "Staged", msg
+
+    def prefetcher(dst):
+        tasks = [StageTask(t, 0, t, files[i:i + BATCH // 4]) for t, i in enumerate(range(0, len(files), BATCH // 4))]
+        InFlight(0, Replies(), threading.Event(), source, dst, FETCH_THREADS, _fetch).run(iter(tasks))
+
+    ways = {"by hand": lambda dst: _each(by_hand, dst, files),
+            "stager's fetch": lambda dst: _each(lambda d, f: _fetch(source, d, *f), dst, files),
+            "one prefetcher": prefetcher}
+    out = {}
+    for way, copy in ways.items():
+        with tempfile.TemporaryDirectory(dir=where) as scratch:
+            begin = time.process_time()
+            copy(scratch)
+            out[f"{FETCH_THREADS} threads, {way}: {label}"] = (time.process_time() - begin) / len(files) * 1000
+    return out
+
+
+def _each(copy, dst, files):
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(FETCH_THREADS) as pool:
+        for _ in pool.map(lambda file: copy(dst, file), files):
+            pass
 
 
 @contextlib.contextmanager
@@ -249,7 +315,8 @@ def report(results):
     rounds = max(r["round"] for r in results["runs"]) + 1
     print(f"JPEGs (256x256, 115 KB) behind the emulator at {results['open_ms']:g} ms an open; batch {BATCH}; "
           f"{epochs} epochs; each row the run with the median total of its {rounds} rounds\n")
-    print("The copy's physics here (CPU ms a file, one thread):\n")
+    print("The copy's physics here (CPU ms a file, one thread; then the whole copy in threads, over the same "
+          "files, read a second time):\n")
     print("| part | ms |\n|---|---:|")
     for part, ms in results["physics"].items():
         print(f"| {part} | {ms:.3f} |")

@@ -28,6 +28,20 @@ def already_published(dst_root, rel, size, mtime_ns):
     return st.st_size == size and (mtime_ns is None or st.st_mtime_ns == mtime_ns)
 
 
+def _create(directory, tmp):
+    """Opens ``tmp`` for writing, new; its directory is made only when the open finds it missing.
+
+    Nothing in the staging tree removes a directory while a job runs, so
+    after a class's first file the open alone succeeds: three system calls a
+    file fewer than making sure of the directory each time.
+    """
+    try:
+        return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileNotFoundError:
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+
+
 def publish(dst_root, rel, expected_size, fill, times_ns=None, check=None):
     """Writes ``dst_root/rel`` through ``fill`` and publishes it atomically.
 
@@ -54,10 +68,9 @@ def publish(dst_root, rel, expected_size, fill, times_ns=None, check=None):
         raise ValueError(f"{rel!r} would leave the staging directory; paths are relative to the dataset root")
     dst = os.path.join(dst_root, rel)
     directory, name = os.path.split(dst)
-    os.makedirs(directory, mode=0o700, exist_ok=True)
     tmp = os.path.join(directory, f".{name}.{os.getpid()}.{threading.get_ident()}.part")
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        fd = _create(directory, tmp)
         try:
             written = fill(fd)
         finally:
