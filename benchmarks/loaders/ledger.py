@@ -15,8 +15,8 @@ creating a file is cheap), alternating, ``--rounds`` rounds:
 
 At each epoch's end the run reads every process's own CPU (``utime +
 stime``) by kind (the training process, the readers or DataLoader's
-workers, the prefetchers, the emulator's daemon), the readers' minor page
-faults, and the machine's busy ticks (``/proc/stat``: everything, the
+workers, the prefetchers, the emulator's daemon), the readers' and the
+prefetchers' minor page faults, and the machine's busy ticks (``/proc/stat``: everything, the
 kernel's own work included), so each epoch's CPU a sample is known per kind. Beside them, measured in the same
 run, the physics of a staged copy: opening and reading one file through
 the emulator (the client's and the daemon's CPU), creating, writing and
@@ -78,19 +78,18 @@ def snapshot(daemon):
 
 
 def epoch_cpu(before, after):
-    """``{kind: CPU seconds}`` between two snapshots, and ``reader_faults``: the readers' (or DataLoader
-    workers') minor faults; a worker is read at both (persistent workers)."""
+    """``{kind: CPU seconds}`` between two snapshots, ``reader_faults``: the readers' (or DataLoader
+    workers') minor faults, and ``prefetcher_faults``; a worker is read at both (persistent workers)."""
     out = {kind: after[kind] - before[kind] for kind in ("rank", "emulator", "machine")}
     out["readers"] = out["prefetchers"] = 0.0
-    faults = 0
+    faults = {"readers": 0, "prefetchers": 0}
     for pid, (name, cpu, minflt) in after["procs"].items():
         _, cpu_then, minflt_then = before["procs"].get(pid, [name, 0.0, 0])
         kind = "prefetchers" if name.startswith("stager-prefetch") else "readers"
         out[kind] += cpu - cpu_then
-        if kind == "readers":
-            faults += minflt - minflt_then
+        faults[kind] += minflt - minflt_then
     out = {kind: round(value, 3) for kind, value in out.items()}
-    out["reader_faults"] = faults
+    out["reader_faults"], out["prefetcher_faults"] = faults["readers"], faults["prefetchers"]
     return out
 
 
@@ -305,6 +304,11 @@ def main():
     report(results)
 
 
+def _thousands(counts):
+    """``a / b / c`` in thousands, or ``-`` where a run did not count them (an older JSON)."""
+    return " / ".join(f"{c / 1000:.0f}" for c in counts) if None not in counts else "-"
+
+
 def extra_seconds(row, kind):
     """CPU seconds of ``kind`` that epoch 1 spent above epoch 2."""
     return row["cpu"][0][kind] - row["cpu"][1][kind]
@@ -332,17 +336,17 @@ def report(results):
                  for kind in ("machine", "rank", "readers", "prefetchers", "emulator")]
         print(f"| {size} | {n} | {where} | {method} | {' / '.join(f'{s:.2f}' for s in row['epochs'])} | "
               + " | ".join(cells) + " |")
-    print("\nEpoch 1 above epoch 2, CPU ms a sample (medians over rounds), and the pages the readers faulted in "
+    print("\nEpoch 1 above epoch 2, CPU ms a sample (medians over rounds), and the pages the readers and the prefetchers faulted in "
           "(minor faults, thousands; the median run's):\n")
     print("| samples | N | staging dir | method | machine | rank | readers | prefetchers | emulator | "
-          "readers' faults, by epoch |")
-    print("|---:|---:|---|---|---:|---:|---:|---:|---:|---|")
+          "readers' faults, by epoch | prefetchers' faults, by epoch |")
+    print("|---:|---:|---|---|---:|---:|---:|---:|---:|---|---|")
     for (size, n, where, method), runs in sorted(groups.items()):
         extra = [statistics.median(extra_seconds(r, kind) / size * 1000 for r in runs)
                  for kind in ("machine", "rank", "readers", "prefetchers", "emulator")]
-        faults = [e.get("reader_faults") for e in median_run(runs)["cpu"]]
         print(f"| {size} | {n} | {where} | {method} | " + " | ".join(f"{x:+.2f}" for x in extra) + " | "
-              + (" / ".join(f"{f / 1000:.0f}" for f in faults) if None not in faults else "-") + " |")
+              + " | ".join(_thousands([e.get(key) for e in median_run(runs)["cpu"]])
+                           for key in ("reader_faults", "prefetcher_faults")) + " |")
     if len(sizes) < 2:
         return
     small, large = min(sizes), max(sizes)
