@@ -336,8 +336,8 @@ def report(results):
                  for kind in ("machine", "rank", "readers", "prefetchers", "emulator")]
         print(f"| {size} | {n} | {where} | {method} | {' / '.join(f'{s:.2f}' for s in row['epochs'])} | "
               + " | ".join(cells) + " |")
-    print("\nEpoch 1 above epoch 2, CPU ms a sample (medians over rounds), and the pages the readers and the prefetchers faulted in "
-          "(minor faults, thousands; the median run's):\n")
+    print("\nEpoch 1 above epoch 2, CPU ms a sample (medians over rounds), and the pages the readers and the "
+          "prefetchers faulted in (minor faults, thousands; the median run's):\n")
     print("| samples | N | staging dir | method | machine | rank | readers | prefetchers | emulator | "
           "readers' faults, by epoch | prefetchers' faults, by epoch |")
     print("|---:|---:|---|---|---:|---:|---:|---:|---:|---|---|")
