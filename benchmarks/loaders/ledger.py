@@ -196,13 +196,15 @@ def threaded_copies(mnt, names, label, where):
         finally:
             os.close(src)
 
-    class Replies:
-        def send(self, msg):
-            assert type(msg).__name__ == "Staged", msg
-
     def prefetcher(dst):
         tasks = [StageTask(t, 0, t, files[i:i + BATCH // 4]) for t, i in enumerate(range(0, len(files), BATCH // 4))]
-        InFlight(0, Replies(), threading.Event(), source, dst, FETCH_THREADS, _fetch).run(iter(tasks))
+        replies = []  # its fetch threads reply here, as to its pipe
+        InFlight(0, type("Pipe", (), {"send": staticmethod(replies.append)}), threading.Event(), source, dst,
+                 FETCH_THREADS, _fetch).run(iter(tasks))
+        failed = [msg for msg in replies if type(msg).__name__ != "Staged"]
+        if failed or len(replies) != len(tasks):
+            sys.exit(f"the prefetcher's copies failed: "
+                     f"{failed[:1] or f'{len(replies)} replies for {len(tasks)} tasks'}")
 
     ways = {"by hand": lambda dst: _each(by_hand, dst, files),
             "stager's fetch": lambda dst: _each(lambda d, f: _fetch(source, d, *f), dst, files),
