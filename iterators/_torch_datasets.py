@@ -301,6 +301,14 @@ class TorchDecoder(SampleDecoder):
         self.dataset = dataset
         self.collate = collate
         self._in_reader = False
+        self._tier = None
+
+    def use_decoded(self, tier):
+        """Takes the node's decoded tier where a dataset inside reads with a loader known to be pure."""
+        if any(kind == FOLDER and _pure(dataset.loader) for kind, dataset in self.leaves):
+            self._tier = tier
+            return True
+        return False
 
     def start(self, worker, workers):
         self._in_reader = True
@@ -333,4 +341,22 @@ class TorchDecoder(SampleDecoder):
         one.samples = _Swapped(dataset.samples, inner, (path, dataset.samples[inner][1]))
         if hasattr(one, "imgs"):
             one.imgs = one.samples  # ImageFolder's alias
+        if self._tier is not None and _pure(dataset.loader):
+            one.loader = _Kept(self._tier, index, dataset.loader)
         return one[inner]
+
+
+def _pure(loader):
+    """Whether ``loader`` is one whose result depends on the file's bytes alone: torchvision's own image loaders."""
+    folder = torchvision.datasets.folder
+    return loader is folder.default_loader or loader is folder.pil_loader
+
+
+class _Kept:
+    """A pure loader, through the decoded tier: sample ``index``'s image from its kept copy, else decoded and kept."""
+
+    def __init__(self, tier, index, load):
+        self.tier, self.index, self.load = tier, index, load
+
+    def __call__(self, path):
+        return self.tier.load(self.index, path, self.load)

@@ -19,7 +19,7 @@ from ..slowfs import ENGINES
 
 def _cmd_run(args):
     from ..job.runner import run_job
-    from ..telemetry.summary import cache_line, dropped_line, group_lines, reads_lines
+    from ..telemetry.summary import cache_line, decoded_lines, dropped_line, group_lines, reads_lines
     from ..world import abort_on_error, detect
 
     cfg = load_config(args.config, args.set)
@@ -33,7 +33,7 @@ def _cmd_run(args):
           f"({s['samples_per_s']:.1f} samples/s); stalled {s['stall_s']:.2f} s ({s['stall_fraction']:.1%}); "
           f"staged {s['files_staged']} files, {s['bytes_staged'] / 1e6:.1f} MB")
     reads = s.get("reads")
-    for line in group_lines(s):
+    for line in group_lines(s) + decoded_lines(s):
         print(line)
     if reads and s["mode"] != "direct" and "group" not in s:
         for line in reads_lines(reads):

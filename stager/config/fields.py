@@ -74,6 +74,13 @@ def verify_modes():
     return list(MODES)
 
 
+def decoded_modes():
+    """The names of ``decoded.MODES``."""
+    from ..decoded.tier import MODES  # the modes live with the tier
+
+    return list(MODES)
+
+
 def check_count(value, key):
     """A process count: an int of at least 1, or ``auto`` (chosen by the model at start, adjusted while running)."""
     require(value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1),

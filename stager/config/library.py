@@ -9,8 +9,8 @@ import re
 from dataclasses import dataclass, field
 from typing import List, Optional, Union
 
-from .fields import (check_choices, check_count, choice_field, path_field, policies, require, shuffles, splits,
-                     verify_modes)
+from .fields import (check_choices, check_count, choice_field, decoded_modes, path_field, policies, require, shuffles,
+                     splits, verify_modes)
 
 
 @dataclass(frozen=True)
@@ -255,6 +255,16 @@ class StagingConfig:
             behind the first: the leader never waits, and a job further
             behind decodes for itself. It costs up to this many decoded
             minibatches of memory in ``/dev/shm`` per stream.
+        decoded: Decoded copies of samples beside the staged files
+            (``docs/decoded.md``): ``on``, a reader keeps each sample it
+            decodes with a loader known to be pure (torchvision's default
+            image loader, stager's ``image`` loader, Chainer's image
+            datasets) as the loader returned it, and in later epochs builds
+            the same object from that copy instead of decoding; ``auto``
+            (the default), the same, where each reader measures that
+            reading a copy back costs less than decoding; ``off``, never.
+            Decoded copies take only the room the capacity leaves beside
+            every encoded file of the dataset.
     """
 
     enabled: bool = True
@@ -274,11 +284,14 @@ class StagingConfig:
     verify: str = choice_field("size", verify_modes)
     share: Optional[str] = None
     share_window: int = 16
+    decoded: str = choice_field("auto", decoded_modes)
 
     def __post_init__(self):
         from ..cache import parse_capacity  # the rule lives with the cache
         from ..sources.verify import check_mode  # the modes live with the check
 
+        if isinstance(self.decoded, bool):  # YAML reads a bare on or off as a boolean
+            object.__setattr__(self, "decoded", "on" if self.decoded else "off")
         check_choices(self, "staging")
         check_mode(self.verify)
         bounded = parse_capacity(self.capacity)

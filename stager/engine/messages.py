@@ -285,6 +285,7 @@ class Decoded:
     published: bool = False
     count: int = 0
     collated: bool = False
+    decoded: object = None  # with a decoded tier: ``DecodedTier.progress()`` over this minibatch
 
 
 @dataclass(frozen=True, slots=True)

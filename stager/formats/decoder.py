@@ -24,6 +24,15 @@ class SampleDecoder:
         """The sample of catalog entry ``index``, from the file at ``path``, read in epoch ``epoch``."""
         raise NotImplementedError
 
+    def use_decoded(self, tier):
+        """Offered the node's ``decoded.DecodedTier`` in each reader: True where this decoder takes it.
+
+        A decoder takes it only for a loader whose result is a pure function
+        of the file's bytes, and calls ``tier.load(index, path, loader)``
+        where it would call ``loader(path)``. By default: not taken.
+        """
+        return False
+
 
 class PathDecoder(SampleDecoder):
     """A loader of one path (``(path) -> sample``) as a ``SampleDecoder``."""
@@ -33,6 +42,31 @@ class PathDecoder(SampleDecoder):
 
     def decode(self, path, index, epoch):
         return self.load(path)
+
+
+class ImageDecoder(SampleDecoder):
+    """The ``image`` loader, whose decoding (bytes to a uint8 HWC array) is pure: it can use the decoded tier.
+
+    The tier keeps the HWC pixels, a quarter of the float32 CHW layout's
+    bytes; the layout is made from them for each sample.
+    """
+
+    def __init__(self, options):
+        from .files import image_rgb
+
+        self.options = options
+        self.rgb = image_rgb(options)
+        self._tier = None
+
+    def use_decoded(self, tier):
+        self._tier = tier
+        return True
+
+    def decode(self, path, index, epoch):
+        from .images import in_layout
+
+        hwc = self._tier.load(index, path, self.rgb) if self._tier is not None else self.rgb(path)
+        return in_layout(hwc, self.options)
 
 
 def is_decoder(spec):
@@ -51,6 +85,8 @@ def make_decoder(spec, options):
     """
     if is_decoder(spec):
         return spec
+    if spec == "image":
+        return ImageDecoder(options)
     from .files import make_loader  # the path loaders' registry
 
     return PathDecoder(make_loader(spec, options))

@@ -147,6 +147,13 @@ def make_loader(spec, options):
     return fn
 
 
+def image_rgb(options):
+    """``path -> uint8 HWC array``: the ``image`` loader before its layout (``decoder.ImageDecoder``)."""
+    from .images import read_rgb  # deferred: PIL and simplejpeg only for image datasets
+
+    return functools.partial(_decode, "image", read_rgb, options)
+
+
 def _decode(name, builtin, options, path):
     try:
         return builtin(path, options)

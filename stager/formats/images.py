@@ -50,8 +50,8 @@ def to_chw(hwc):
     return out
 
 
-def load_image(path, options):
-    """Returns the JPEG or PNG file at ``path`` in ``options['layout']`` (``hwc`` or ``chw``).
+def read_rgb(path, options=None):
+    """The JPEG or PNG file at ``path`` as a uint8 HWC array: the pure part of ``load_image`` (its decoded tier).
 
     Raises:
         ValueError: If the file is not an image PIL can read (naming it).
@@ -59,7 +59,20 @@ def load_image(path, options):
     with open(path, "rb") as fh:
         data = fh.read()
     try:
-        hwc = decode_rgb(data)
+        return decode_rgb(data)
     except Exception as exc:  # PIL's UnidentifiedImageError and friends, without the path
         raise ValueError(f"{path}: not a readable image: {type(exc).__name__}: {exc}") from exc
+
+
+def in_layout(hwc, options):
+    """A decoded image in ``options['layout']``: as it is (``hwc``), or a float32 CHW copy (``chw``)."""
     return to_chw(hwc) if options.get("layout") == "chw" else hwc
+
+
+def load_image(path, options):
+    """Returns the JPEG or PNG file at ``path`` in ``options['layout']`` (``hwc`` or ``chw``).
+
+    Raises:
+        ValueError: If the file is not an image PIL can read (naming it).
+    """
+    return in_layout(read_rgb(path), options)

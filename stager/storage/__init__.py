@@ -14,7 +14,7 @@ from .basedir import check_base
 from .janitor import Janitor
 from .jobdir import LOCAL_DIR_ENV, JobDir, agreed_job_id, local_base, named_local_base
 from .leftovers import clean, live_jobs, sweep
-from .space import AUTO_SHARE, auto_capacity, staging_capacity
+from .space import AUTO_SHARE, auto_capacity, free_share, staging_capacity
 
 __all__ = ["AUTO_SHARE", "Janitor", "JobDir", "LOCAL_DIR_ENV", "agreed_job_id", "auto_capacity", "check_base",
-           "clean", "live_jobs", "local_base", "named_local_base", "staging_capacity", "sweep"]
+           "clean", "free_share", "live_jobs", "local_base", "named_local_base", "staging_capacity", "sweep"]

@@ -19,6 +19,16 @@ from .leftovers import live_jobs
 AUTO_SHARE = 0.8
 
 
+def free_share(job_dir):
+    """``(bytes, where)``: this job's share of its file system's free space now (``AUTO_SHARE``, split among jobs)."""
+    st = os.statvfs(job_dir)
+    free = st.f_bavail * st.f_frsize
+    jobs = 1 + live_jobs(os.path.dirname(job_dir), own=job_dir)
+    shared = f", shared by {jobs} stager jobs there" if jobs > 1 else ""
+    where = f"{AUTO_SHARE:.0%} of the {human(free)} free on {os.path.dirname(job_dir)} at start{shared}"
+    return int(AUTO_SHARE * free / jobs), where
+
+
 def auto_capacity(job_dir, dataset_bytes):
     """``(capacity in bytes or None for unbounded, why)`` for a job directory, from its file system's free space.
 
@@ -26,12 +36,7 @@ def auto_capacity(job_dir, dataset_bytes):
         job_dir: The job's directory (made): its file system is the one measured.
         dataset_bytes: Bytes of the files this node could ever stage (the catalog's).
     """
-    st = os.statvfs(job_dir)
-    free = st.f_bavail * st.f_frsize
-    jobs = 1 + live_jobs(os.path.dirname(job_dir), own=job_dir)
-    capacity = int(AUTO_SHARE * free / jobs)
-    shared = f", shared by {jobs} stager jobs there" if jobs > 1 else ""
-    where = f"{AUTO_SHARE:.0%} of the {human(free)} free on {os.path.dirname(job_dir)} at start{shared}"
+    capacity, where = free_share(job_dir)
     if dataset_bytes <= capacity:
         return None, f"unbounded: the whole dataset ({human(dataset_bytes)}) fits in {human(capacity)}, {where}"
     return capacity, f"{human(capacity)}: {where}; the dataset is {human(dataset_bytes)}"

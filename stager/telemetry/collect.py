@@ -94,6 +94,10 @@ def combine_ranks(summaries):
     total["cache"] = combine_cache(total["node_cache"].values())
     total["reads"] = read_totals(total["cache"])
     total["reads"]["nodes"] = {node: read_totals(table) for node, table in total["node_cache"].items()}
+    decoded = [s["decoded"] for s in summaries if "decoded" in s]
+    if decoded:
+        total["decoded"] = {key: (round(sum(d[key] for d in decoded), 4) if key != "note" else
+                                  next((d["note"] for d in decoded if d["note"]), None)) for key in decoded[0]}
     groups = [s["group"] for s in summaries if "group" in s]
     if groups:
         total["group"] = {key: sum(g[key] for g in groups) for key in groups[0]}

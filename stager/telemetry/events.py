@@ -48,6 +48,8 @@ kind           a                    b                   value
 ``SWAP_IN``    catalog index        bytes               epoch (another node gave it; kept here)
 ``TASK_CPU``   task id              us queued for a     seconds on a core (of a
                                     core (-1: unknown)  ``TASK``'s busy seconds)
+``DECODED``    samples built from   decoded copies      decoding seconds those
+               decoded copies       kept                samples saved (a reader's minibatch)
 =============  ===================  ==================  ==========================
 
 A ``GROUP`` event (a job of a shared group, ``staging.share``) says, by its
@@ -69,7 +71,7 @@ import time
 from array import array
 
 NEEDED, QUEUED, STAGED, TASK, READY, READ, DELIVERED, CONSUMED, REQUEST, EVICTED, USAGE, PEER, SERVED, \
-    FINISHED, RESIZED, LOCAL, FALLBACK, GROUP, DROPPED, SWAPPED_OUT, SWAPPED_IN, TASK_CPU = range(22)
+    FINISHED, RESIZED, LOCAL, FALLBACK, GROUP, DROPPED, SWAPPED_OUT, SWAPPED_IN, TASK_CPU, DECODED = range(23)
 GROUP_FILES, GROUP_FETCHED, GROUP_TAKEN, GROUP_GIVEN = range(4)
 # A ``RESIZED`` event's pool (or the ``auto`` look-ahead, or the files each prefetcher keeps in flight).
 POOL_PREFETCH, POOL_READ, POOL_LOOKAHEAD, POOL_IN_FLIGHT = range(4)
@@ -78,7 +80,7 @@ NO_SPACE = -1  # the local file system was full; nothing was published
 PRESENT = -2  # a matching copy was already there; nothing was copied
 KINDS = ("needed", "queued", "staged", "task", "ready", "read", "delivered", "consumed", "request", "evicted",
          "usage", "peer", "served", "finished", "resized", "local", "fallback", "group", "dropped", "swap_out",
-         "swap_in", "task_cpu")
+         "swap_in", "task_cpu", "decoded")
 FILE_KINDS = frozenset((STAGED, EVICTED, PEER, SERVED, FALLBACK, DROPPED, SWAPPED_OUT, SWAPPED_IN))  # one event per file, not per minibatch
 
 

@@ -61,6 +61,8 @@ class Stats:
         self.stall_s = self.prefetch_s = self.read_s = 0.0
         self.cache = {}
         self.group = None  # in a shared group: what this job got from it and gave it
+        self.decoded = dict.fromkeys(("samples_from_decoded", "samples_kept", "decoding_saved_s"), 0)
+        self.decoded_note = None  # on the node leader: the decoded tier's room, or why it has none
         self.started = time.perf_counter()
         self._lock = threading.Lock()
         self.telemetry = tm.Telemetry(on_event=self._on_event)
@@ -125,6 +127,10 @@ class Stats:
                     self.group["samples_decoded"] += b
             elif kind == tm.GROUP:
                 self._group(a, b, value)
+            elif kind == tm.DECODED:
+                self.decoded["samples_from_decoded"] += a
+                self.decoded["samples_kept"] += b
+                self.decoded["decoding_saved_s"] = round(self.decoded["decoding_saved_s"] + value, 4)
 
     def _group(self, what, count, nbytes):
         if self.group is None:
@@ -179,4 +185,5 @@ class Stats:
                 "read_busy_s": round(self.read_s, 4),
                 "cache": [dict(epoch=e, **self.cache[e]) for e in sorted(self.cache)],
                 **({"group": dict(self.group)} if self.group is not None else {}),
+                "decoded": dict(self.decoded, note=self.decoded_note),
             }

@@ -51,6 +51,20 @@ def _decoding_spared(name, group):
             f"took their readers {spared:.1f} s, which this job's readers did not spend"]
 
 
+def decoded_lines(report):
+    """What the decoded tier (``staging.decoded``) did for the job, as text lines; [] where it says nothing."""
+    d = report.get("decoded")
+    if not d or (d.get("note") is None and not d["samples_kept"]):
+        return []
+    if d["samples_kept"] or d["samples_from_decoded"]:
+        return [f"decoded copies: {d['samples_from_decoded']} samples built from decoded copies, not decoded "
+                f"(their readers saved about {d['decoding_saved_s']:.1f} s); {d['samples_kept']} copies kept; "
+                f"room: {d['note']}"]
+    why = d["note"] if d["note"].startswith("none") or "off" in d["note"] else \
+        f"no loader known to be pure read the samples (room: {d['note']})"
+    return [f"decoded copies: none kept: {why}"]
+
+
 def _reads(reads):
     """Where the files read came from: the source, peers, copies already local (of containers: their samples)."""
     def way(files, nbytes, label, unit="files"):
@@ -144,7 +158,7 @@ def render(report, plots=()):
              f"stall: {report['stall_fraction']:.1%} of the loop (slowest rank: {report['stall_s']:.2f} s waiting); "
              f"after the first minibatch {report['steady_stall_fraction']:.1%}",
              f"time to first minibatch: {report['first_batch_s']:.2f} s",
-             f"bottleneck: {verdict.bottleneck}: {verdict.reason}", *group_lines(report)]
+             f"bottleneck: {verdict.bottleneck}: {verdict.reason}", *group_lines(report), *decoded_lines(report)]
     dropped = dropped_line(report.get("cache") or [], ((report.get("config") or {}).get("staging") or {}).get(
         "lookahead", "auto"))
     lines += ([dropped] if dropped else []) + ["", "stages:"]

@@ -18,6 +18,7 @@ as one ``StageError``.
 """
 
 import functools
+import logging
 import multiprocessing.connection as mpc
 import queue
 import threading
@@ -30,6 +31,8 @@ from ..workers.pool import RETIRED
 from ... import telemetry as tm
 from ...errors import StageError
 from ...telemetry import BatchTimes
+
+log = logging.getLogger(__name__)
 
 END = object()  # on the out queue: the plan is done, or the pipeline closes
 SERVICE_GONE = Failure("prefetch", "service", cause="ServiceGone",
@@ -340,6 +343,12 @@ class Coordinator:
         elif isinstance(msg, Decoded):
             self.first_read = True
             telemetry.record(tm.READ, msg.seq, msg.count, msg.seconds)
+            if msg.decoded is not None:
+                hits, kept, saved, note = msg.decoded
+                if hits or kept or saved:
+                    telemetry.record(tm.DECODED, hits, kept, saved)
+                if note:
+                    log.info("stager: reader %d stopped keeping decoded copies: %s", msg.worker, note)
             if msg.published:
                 telemetry.record(tm.GROUP, tm.GROUP_GIVEN, msg.count, 0)
             if self.staging:

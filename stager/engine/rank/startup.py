@@ -32,6 +32,7 @@ from ..workers.pool import WorkerPool, children_skip_mpi
 from ... import plan as planlib
 from ...cache import MAX_DEPTH, MIN_DEPTH, Cache, depth_note, fitting_depth, lookahead_depth, policy_name, window_bytes
 from ...catalog import agreed_catalog
+from ...decoded import create as create_tier, decoded_budget
 from ...errors import ConfigError, StageError
 from ...sources import open_source
 from ...storage import JobDir, agreed_job_id, staging_capacity
@@ -219,6 +220,7 @@ class Startup:
             self._fit_ahead(ahead)
             cache = Cache(files.sizes, policy_name(self._staging.cache_policy, capacity), capacity, window,
                           self.catalog.file_index)
+            self._decoded_tier(path, spec, capacity, int(files.sizes.sum()))
             peers = None
             if peer_link is not None:
                 # As many peer fetch threads as prefetchers, or as files they keep in flight where tuned.
@@ -242,6 +244,17 @@ class Startup:
         if not world.node_leader:
             ch.client = mpc.Client(address, family="AF_UNIX", authkey=authkey)
         return path
+
+    def _decoded_tier(self, path, spec, capacity, dataset_bytes):
+        """On the node leader: makes the job's decoded tier (``staging.decoded``) where it has room and a use."""
+        mode = self._staging.decoded
+        budget, why = decoded_budget(mode, capacity, path, dataset_bytes)
+        if budget and spec is not None and getattr(spec, "epochs", 0) - getattr(spec.start, "epoch", 0) == 1:
+            budget, why = 0, "none: the plan reads each sample once"
+        self.stats.decoded_note = why
+        if budget:
+            log.info("stager: staging.decoded %s: %s", mode, why)
+            create_tier(path, len(self.catalog), budget, mode)
 
     def _group_measurements(self, first):
         """On the node leader, with ``auto`` counts and ``staging.share``: ``resolve``'s ``given`` and ``into``.

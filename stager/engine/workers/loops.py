@@ -21,6 +21,7 @@ from .. import batchfile
 from .. import wire
 from ..messages import Decoded, Failure, Staged
 from ..perf.clock import Span
+from ...decoded import DecodedTier
 from ...formats import make_decoder
 from ...telemetry import NO_SPACE, PRESENT
 
@@ -125,9 +126,14 @@ def reader_main(worker, parent_pid, tasks, reply, stop, root, loader, loader_opt
     """
     ring = rings[worker]
     wire.widen(reply)
+    tier = None
     try:
         decoder = make_decoder(loader, loader_options)
         decoder.start(worker, len(rings))
+        tier = DecodedTier.open(root)
+        if tier is not None and not getattr(decoder, "use_decoded", lambda tier: False)(tier):
+            tier.close()
+            tier = None
     except Exception as exc:
         ring.send(reply, Failure.from_exception("read", worker, exc))
         decoder = None
@@ -174,4 +180,4 @@ def reader_main(worker, parent_pid, tasks, reply, stop, root, loader, loader_opt
                 decoder = None
                 continue
         ring.send(reply, Decoded(task.seq, worker, out, time.perf_counter() - start, published, count,
-                                 collate is not None), stop)
+                                 collate is not None, tier.progress() if tier is not None else None), stop)

@@ -1,0 +1,138 @@
+"""The decoded tier: StagedLoader on the defaults against ``staging.decoded: off`` and DataLoader, the same JPEGs.
+
+    .venv/bin/python benchmarks/loaders/decoded_tier.py                      # 1,536 JPEGs, N = 4, 3 rounds
+    .venv/bin/python benchmarks/loaders/decoded_tier.py --processes 2,4,8 --rounds 3 --json docs/decoded.json
+
+torch_dropin.py's set-up: an ImageFolder of 256x256 JPEGs (115 KB) behind
+the emulator at ``--open-ms`` an open, torchvision's training transforms,
+batch 32, shuffled, no compute, ``--epochs`` epochs. For each N and round,
+alternating, each in a fresh process: ``DataLoader(num_workers=N)``, the
+one-line ``StagedLoader(num_workers=N)`` on the defaults (``staging.decoded:
+auto``), and the same with ``staging.decoded: off``. The two StagedLoader
+runs draw the same order and augmentations (one generator seed); a digest of
+each epoch's tensors shows they delivered the same ones. The ratio of
+interest is epochs 2+ on the defaults over ``off`` (the median of the
+rounds), with CPU seconds per process kind beside it.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from torch_dropin import BATCH, cpu_of, emulated_jpeg_folder, transforms  # noqa: E402
+
+METHODS = ("dataloader", "defaults", "off")
+
+
+def one(args):
+    """One method in this process: each epoch's seconds and tensors' digest, CPU seconds per kind, as JSON."""
+    import torch
+    from torch.utils.data import DataLoader
+
+    from iterators.pytorch import StagedLoader
+    from stager.bench.cpu import CpuMeter
+    from torchvision.datasets import ImageFolder
+
+    train = ImageFolder(args.data, transform=transforms())
+    generator = torch.Generator().manual_seed(7)
+    if args.one == "dataloader":
+        loader = DataLoader(train, batch_size=BATCH, shuffle=True, num_workers=args.n, persistent_workers=True,
+                            generator=generator)
+    else:
+        staging = {"local_dir": args.local, **({"decoded": "off"} if args.one == "off" else {})}
+        loader = StagedLoader(train, batch_size=BATCH, shuffle=True, num_workers=args.n, generator=generator,
+                              config={"staging": staging})
+    epochs, digests, report = [], [], None
+    with CpuMeter() as meter:
+        for _ in range(args.epochs):
+            begin, samples, digest = time.perf_counter(), 0, 0.0
+            for images, labels in loader:
+                samples += len(labels)
+                digest += float(images[:, :, ::16, ::16].double().sum()) + float(labels.sum())
+            epochs.append(time.perf_counter() - begin)
+            digests.append(digest)
+            assert samples == len(train), (samples, len(train))
+        if hasattr(loader, "report"):
+            report = loader.report().get("decoded")
+            loader.close()
+        else:
+            del loader
+    print(json.dumps({"epochs": epochs, "digests": digests, "cpu": meter.seconds(), "decoded": report}))
+
+
+def run(method, n, mnt, local, daemon, args):
+    before = cpu_of(daemon)
+    cmd = [sys.executable, os.path.abspath(__file__), "--one", method, "--n", str(n), "--data", mnt,
+           "--local", local, "--epochs", str(args.epochs)]
+    env = dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS="1")
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, env=env)
+    if proc.returncode:
+        sys.exit(f"{method} N={n} failed:\n{proc.stdout}{proc.stderr}")
+    result = json.loads(proc.stdout.splitlines()[-1])
+    result["cpu"]["emulator"] = round(cpu_of(daemon) - before, 2)
+    return result
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--samples", type=int, default=1536)
+    parser.add_argument("--open-ms", type=float, default=10.0)
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--processes", default="4", help="N: DataLoader workers, StagedLoader's num_workers")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--one", help=argparse.SUPPRESS)
+    parser.add_argument("--n", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--data", help=argparse.SUPPRESS)
+    parser.add_argument("--local", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        return one(args)
+
+    counts = [int(x) for x in args.processes.split(",")]
+    runs = {n: {m: [] for m in METHODS} for n in counts}
+    with emulated_jpeg_folder(args.samples, args.open_ms, "stager-decoded-") as (work, mnt, daemon, d):
+        for r in range(args.rounds):
+            for n in counts:
+                for method in METHODS:
+                    local = os.path.join(work, f"local-{n}-{method}-{r}")
+                    os.mkdir(local)
+                    runs[n][method].append(run(method, n, mnt, local, daemon, args))
+    print(f"{args.samples} JPEGs (256x256, 115 KB) behind the emulator at {args.open_ms:g} ms an open; batch "
+          f"{BATCH}; {args.epochs} epochs; transforms {d * 1000:.2f} ms CPU a sample; {args.rounds} rounds, medians")
+    print("\n| N | epoch | DataLoader s | StagedLoader, decoded off s | StagedLoader, defaults s | "
+          "defaults / off | same tensors |")
+    print("|---:|---:|---:|---:|---:|---:|---|")
+    for n in counts:
+        for e in range(args.epochs):
+            dl, off, on = (statistics.median(x["epochs"][e] for x in runs[n][m]) for m in METHODS)
+            same = all(a["digests"][e] == b["digests"][e] for a, b in zip(runs[n]["defaults"], runs[n]["off"]))
+            print(f"| {n} | {e + 1} | {dl:.2f} | {off:.2f} | {on:.2f} | {on / off:.2f}x | {'yes' if same else 'NO'} |")
+    print("\n| N | epochs 2+: defaults / off, each round | median | CPU s (rank, readers, prefetchers, emulator): "
+          "off | defaults |")
+    print("|---:|---|---:|---|---|")
+    for n in counts:
+        ratios = [sum(a["epochs"][1:]) / sum(b["epochs"][1:]) for a, b in zip(runs[n]["defaults"], runs[n]["off"])]
+
+        def cpu(method):
+            c = runs[n][method][-1]["cpu"]
+            return f"{c['rank']:.1f}, {c['readers']:.1f}, {c['prefetchers']:.1f}, {c['emulator']:.1f}"
+        print(f"| {n} | {', '.join(f'{x:.2f}x' for x in ratios)} | {statistics.median(ratios):.2f}x | {cpu('off')} "
+              f"| {cpu('defaults')} |")
+    last = runs[counts[-1]]["defaults"][-1]["decoded"]
+    print(f"\nthe defaults' last run: {json.dumps(last)}")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"samples": args.samples, "open_ms": args.open_ms, "decode_s": d, "runs": runs}, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()

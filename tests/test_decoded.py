@@ -1,0 +1,224 @@
+"""The decoded tier (``staging.decoded``): samples built from kept decoded copies equal those decoded again.
+
+Every run is compared with the same run under ``staging.decoded: off`` and,
+where the transforms are fixed, with PyTorch's own DataLoader, tensor for
+tensor over several epochs; the tier's parts are checked on real files,
+including a corrupted copy and a disk that fills.
+"""
+
+import os
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torch.utils.data import DataLoader
+
+from iterators.pytorch import StagedLoader  # first: it makes torchvision importable beside a CPU-only torch
+from stager.decoded import CorruptRecord, DecodedTier, create, decoded_budget, pack, unpack
+from stager.decoded.tier import DIR
+
+from conftest import size_limited_tmpfs
+
+torchvision = pytest.importorskip("torchvision")
+from torchvision import transforms as T  # noqa: E402
+from torchvision.datasets import ImageFolder  # noqa: E402
+
+FIXED = T.Compose([T.Resize(20), T.CenterCrop(16), T.ToTensor()])
+RANDOM = T.Compose([T.RandomResizedCrop(16, scale=(0.3, 1.0)), T.RandomHorizontalFlip(), T.ColorJitter(0.4, 0.4),
+                    T.ToTensor()])
+EPOCHS = 3
+
+
+def _record(obj):
+    return bytearray(b"".join(bytes(part) for part in pack(obj)))
+
+
+def write_images(root, seed=0):
+    """An ImageFolder of every kind the default loader meets: RGB, L, CMYK and palette JPEGs and PNGs."""
+    rng = np.random.default_rng(seed)
+    kinds = [("RGB", "jpg"), ("L", "jpg"), ("CMYK", "jpg"), ("RGB", "png"), ("P", "png"), ("RGBA", "png")]
+    for c in range(2):
+        os.makedirs(os.path.join(root, f"class{c}"), exist_ok=True)
+        for i in range(12):
+            mode, ext = kinds[(i + c) % len(kinds)]
+            h, w = int(rng.integers(20, 36)), int(rng.integers(20, 36))
+            img = Image.fromarray((rng.random((h, w, 3)) * 255).astype(np.uint8))
+            img = img.quantize(16) if mode == "P" else img.convert(mode)
+            img.save(os.path.join(root, f"class{c}", f"{i:03d}.{ext}"))
+    return root
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory):
+    return write_images(str(tmp_path_factory.mktemp("decoded") / "train"))
+
+
+def config(tmp_path, decoded, **staging):
+    return {"staging": {"local_dir": str(tmp_path / "local"), "prefetchers": 2, "decoded": decoded, **staging},
+            "processes": {"shutdown_timeout_s": 10.0}}
+
+
+def epochs(loader, count=EPOCHS):
+    out = [[[t.clone() for t in batch] for batch in loader] for _ in range(count)]
+    return out, loader.report()
+
+
+def run(dataset, tmp_path, decoded, shuffle=True, workers=2, **staging):
+    tmp_path.mkdir(exist_ok=True)
+    with StagedLoader(dataset, batch_size=5, shuffle=shuffle, num_workers=workers,
+                      generator=torch.Generator().manual_seed(11), config=config(tmp_path, decoded, **staging)) as dl:
+        return epochs(dl)
+
+
+def assert_same(got, want):
+    assert len(got) == len(want)
+    for g_epoch, w_epoch in zip(got, want):
+        assert len(g_epoch) == len(w_epoch)
+        for g, w in zip(g_epoch, w_epoch):
+            assert all(torch.equal(a, b) for a, b in zip(g, w))
+
+
+@pytest.mark.parametrize("mode", ["RGB", "L", "I;16", "F", "RGBA", "CMYK"])
+def test_an_image_rebuilt_from_its_record_has_the_same_mode_size_and_pixels(mode):
+    img = Image.fromarray((np.random.default_rng(2).random((7, 9)) * 200).astype(np.uint8)).convert(mode)
+    back = unpack(_record(img))
+    assert (back.mode, back.size, back.tobytes()) == (img.mode, img.size, img.tobytes())
+    back.putpixel((0, 0), 1 if mode in ("L", "I;16", "F") else (1,) * len(mode))  # writable, as a loader's image
+
+
+def test_an_array_rebuilt_from_its_record_is_equal_and_writable_and_a_palette_image_is_not_kept():
+    arr = np.random.default_rng(3).random((3, 5, 4)).astype(np.float32).transpose(1, 0, 2)  # not contiguous
+    back = unpack(_record(arr))
+    assert back.dtype == arr.dtype and back.shape == arr.shape and np.array_equal(back, arr)
+    back[0, 0, 0] = 7.0
+    assert pack(Image.new("P", (4, 4))) is None and pack(np.array([object()])) is None and pack("text") is None
+
+
+@pytest.mark.parametrize("damage", ["flip", "cut", "magic"])
+def test_a_damaged_record_is_refused_with_the_reason(damage):
+    buf = _record(np.arange(100, dtype=np.int64))
+    if damage == "flip":
+        buf[-3] ^= 0x10
+    elif damage == "cut":
+        del buf[-9:]
+    else:
+        buf[0:4] = b"XXXX"
+    with pytest.raises(CorruptRecord, match={"flip": "CRC-32", "cut": "were written", "magic": "header"}[damage]):
+        unpack(buf)
+
+
+def _loader_calls():
+    calls = []
+
+    def load(path):
+        calls.append(path)
+        return np.load(path)
+    return calls, load
+
+
+def _npy_files(tmp_path, count):
+    paths = []
+    for i in range(count):
+        path = str(tmp_path / f"{i}.npy")
+        np.save(path, np.full((64, 64), i, dtype=np.float32))
+        paths.append(path)
+    return paths
+
+
+def test_readers_of_one_node_share_what_each_kept_and_a_corrupt_copy_is_warned_about_and_decoded_again(tmp_path):
+    paths = _npy_files(tmp_path, 6)
+    job = tmp_path / "job"
+    job.mkdir()
+    create(str(job), len(paths), 64 << 20, "on")
+    calls, load = _loader_calls()
+    first, second = DecodedTier.open(str(job)), DecodedTier.open(str(job))  # two readers
+    for i, path in enumerate(paths):
+        assert np.array_equal(first.load(i, path, load), np.load(path))
+    assert len(calls) == 6 and first.kept == 6
+    for i, path in enumerate(paths):
+        assert np.array_equal(second.load(i, path, load), np.load(path))
+    assert len(calls) == 6 and second.hits == 6  # nothing decoded again
+    segment = job / DIR / "seg-0"
+    data = bytearray(segment.read_bytes())
+    data[1000] ^= 0xFF  # inside the first record's pixels
+    segment.write_bytes(data)
+    with pytest.warns(RuntimeWarning, match=r"decoded copy of .*0\.npy \(sample 0, in .*seg-0 at byte 0\).*CRC-32"):
+        again = [second.load(i, path, load) for i, path in enumerate(paths)]
+    assert all(np.array_equal(a, np.load(p)) for a, p in zip(again, paths)) and len(calls) == 7
+    first.close()
+    second.close()
+    second.close()
+
+
+def test_a_disk_that_fills_while_copies_are_written_leaves_the_samples_read_encoded(tmp_path):
+    paths = _npy_files(tmp_path, 12)  # 16 KiB of pixels each
+    with size_limited_tmpfs(tmp_path / "nvme", "96k") as mnt:
+        create(str(mnt), len(paths), 64 << 20, "on")  # a budget the disk cannot hold
+        calls, load = _loader_calls()
+        tier = DecodedTier.open(str(mnt))
+        got = [tier.load(i, path, load) for i, path in enumerate(paths)]
+        assert all(np.array_equal(a, np.load(p)) for a, p in zip(got, paths))
+        assert 0 < tier.kept < len(paths) and not tier.writing and "filled" in tier.note
+        again = [tier.load(i, path, load) for i, path in enumerate(paths)]
+        assert all(np.array_equal(a, np.load(p)) for a, p in zip(again, paths))
+        assert tier.hits == tier.kept and len(calls) == 2 * len(paths) - tier.kept
+        tier.close()
+
+
+def test_the_budget_leaves_the_encoded_copies_their_room(tmp_path):
+    assert decoded_budget("off", None, str(tmp_path), 100)[0] == 0
+    assert decoded_budget("auto", 1000, str(tmp_path), 400) == (600, decoded_budget("on", 1000, str(tmp_path), 400)[1])
+    room, why = decoded_budget("auto", 1000, str(tmp_path), 1000)
+    assert room == 0 and why.startswith("none") and "read encoded" in why
+    free = os.statvfs(tmp_path)
+    assert 0 < decoded_budget("auto", None, str(tmp_path), 1)[0] < free.f_bavail * free.f_frsize
+
+
+def test_image_folder_samples_equal_decoding_them_again_and_dataloaders_every_epoch(images, tmp_path):
+    dataset = ImageFolder(images, transform=RANDOM)
+    on, report = run(dataset, tmp_path / "on", "on")
+    off, report_off = run(dataset, tmp_path / "off", "off")
+    assert_same(on, off)
+    n = len(dataset)
+    kept = report["decoded"]
+    # The readers decode ahead of the loop, into an epoch not iterated: at least the later epochs' samples.
+    assert kept["samples_kept"] == n and kept["samples_from_decoded"] >= (EPOCHS - 1) * n
+    assert report_off["decoded"]["samples_kept"] == 0 and report_off["decoded"]["note"] == "staging.decoded is off"
+    fixed = ImageFolder(images, transform=FIXED)
+    want = [[[t.clone() for t in b] for b in DataLoader(fixed, batch_size=5)] for _ in range(EPOCHS)]
+    got, report = run(fixed, tmp_path / "fixed", "on", shuffle=False, workers=3)
+    assert_same(got, want)
+    assert report["decoded"]["samples_from_decoded"] >= (EPOCHS - 1) * n
+
+
+def test_a_loader_of_the_users_own_keeps_no_decoded_copies(images, tmp_path):
+    def own(path):
+        with open(path, "rb") as fh:
+            return Image.open(fh).convert("RGB")
+
+    dataset = ImageFolder(images, transform=FIXED, loader=own)
+    got, report = run(dataset, tmp_path, "on")
+    assert report["decoded"]["samples_kept"] == report["decoded"]["samples_from_decoded"] == 0
+    assert not os.listdir(os.path.join(tmp_path, "local"))  # and the job's directory went with the run
+    from stager.telemetry.summary import decoded_lines
+    assert decoded_lines(report) == [f"decoded copies: none kept: no loader known to be pure read the samples "
+                                     f"(room: {report['decoded']['note']})"]
+
+
+def test_stagers_image_loader_keeps_its_pixels_and_gives_the_same_arrays(images, tmp_path):
+    from stager.formats import make_decoder
+    from stager.formats.images import load_image
+
+    path = os.path.join(images, "class0", "000.jpg")
+    job = tmp_path / "job"
+    job.mkdir()
+    create(str(job), 1, 64 << 20, "on")
+    decoder = make_decoder("image", {"layout": "chw"})
+    tier = DecodedTier.open(str(job))
+    assert decoder.use_decoded(tier)
+    first, second = decoder.decode(path, 0, 0), decoder.decode(path, 0, 1)
+    want = load_image(path, {"layout": "chw"})
+    assert first.dtype == second.dtype == np.float32 and np.array_equal(first, want) and np.array_equal(second, want)
+    assert tier.kept == tier.hits == 1
+    tier.close()
