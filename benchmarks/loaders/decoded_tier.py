@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/loaders/decoded_tier.py                      # 1,536 JPEGs, N = 4, 3 rounds
     .venv/bin/python benchmarks/loaders/decoded_tier.py --processes 2,4,8 --rounds 3 --json docs/decoded.json
+    .venv/bin/python benchmarks/loaders/decoded_tier.py --show docs/decoded.json    # the tables again
 
 torch_dropin.py's set-up: an ImageFolder of 256x256 JPEGs (115 KB) behind
 the emulator at ``--open-ms`` an open, torchvision's training transforms,
@@ -89,6 +90,7 @@ def main():
     parser.add_argument("--processes", default="4", help="N: DataLoader workers, StagedLoader's num_workers")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--show", help="print the tables of a saved --json file instead of measuring")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     parser.add_argument("--n", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--data", help=argparse.SUPPRESS)
@@ -97,6 +99,14 @@ def main():
     if args.one:
         return one(args)
 
+    if args.show:
+        with open(args.show) as fh:
+            saved = json.load(fh)
+        runs = {int(n): r for n, r in saved["runs"].items()}
+        args.samples, args.open_ms, args.rounds = saved["samples"], saved["open_ms"], len(next(iter(
+            next(iter(runs.values())).values())))
+        args.epochs = len(runs[min(runs)]["off"][0]["epochs"])
+        return show(runs, saved["decode_s"], args)
     counts = [int(x) for x in args.processes.split(",")]
     runs = {n: {m: [] for m in METHODS} for n in counts}
     with emulated_jpeg_folder(args.samples, args.open_ms, "stager-decoded-") as (work, mnt, daemon, d):
@@ -106,6 +116,15 @@ def main():
                     local = os.path.join(work, f"local-{n}-{method}-{r}")
                     os.mkdir(local)
                     runs[n][method].append(run(method, n, mnt, local, daemon, args))
+    show(runs, d, args)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"samples": args.samples, "open_ms": args.open_ms, "decode_s": d, "runs": runs}, fh, indent=1)
+
+
+def show(runs, d, args):
+    """The tables, from each N's runs by method."""
+    counts = sorted(runs)
     print(f"{args.samples} JPEGs (256x256, 115 KB) behind the emulator at {args.open_ms:g} ms an open; batch "
           f"{BATCH}; {args.epochs} epochs; transforms {d * 1000:.2f} ms CPU a sample; {args.rounds} rounds, medians")
     print("\n| N | epoch | DataLoader s | StagedLoader, decoded off s | StagedLoader, defaults s | "
@@ -113,7 +132,7 @@ def main():
     print("|---:|---:|---:|---:|---:|---:|---|")
     for n in counts:
         for e in range(args.epochs):
-            dl, off, on = (statistics.median(x["epochs"][e] for x in runs[n][m]) for m in METHODS)
+            dl, on, off = (statistics.median(x["epochs"][e] for x in runs[n][m]) for m in METHODS)
             same = all(a["digests"][e] == b["digests"][e] for a, b in zip(runs[n]["defaults"], runs[n]["off"]))
             print(f"| {n} | {e + 1} | {dl:.2f} | {off:.2f} | {on:.2f} | {on / off:.2f}x | {'yes' if same else 'NO'} |")
     print("\n| N | epochs 2+: defaults / off, each round | median | CPU s (rank, readers, prefetchers, emulator): "
@@ -129,9 +148,6 @@ def main():
               f"| {cpu('defaults')} |")
     last = runs[counts[-1]]["defaults"][-1]["decoded"]
     print(f"\nthe defaults' last run: {json.dumps(last)}")
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump({"samples": args.samples, "open_ms": args.open_ms, "decode_s": d, "runs": runs}, fh, indent=1)
 
 
 if __name__ == "__main__":
