@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -28,7 +27,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from torch_dropin import BATCH, cpu_of, emulated_jpeg_folder, transforms  # noqa: E402
+from torch_dropin import BATCH, emulated_jpeg_folder, run, transforms  # noqa: E402
 
 METHODS = ("dataloader", "defaults", "off")
 
@@ -69,19 +68,6 @@ def one(args):
     print(json.dumps({"epochs": epochs, "digests": digests, "cpu": meter.seconds(), "decoded": report}))
 
 
-def run(method, n, mnt, local, daemon, args):
-    before = cpu_of(daemon)
-    cmd = [sys.executable, os.path.abspath(__file__), "--one", method, "--n", str(n), "--data", mnt,
-           "--local", local, "--epochs", str(args.epochs)]
-    env = dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS="1")
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, env=env)
-    if proc.returncode:
-        sys.exit(f"{method} N={n} failed:\n{proc.stdout}{proc.stderr}")
-    result = json.loads(proc.stdout.splitlines()[-1])
-    result["cpu"]["emulator"] = round(cpu_of(daemon) - before, 2)
-    return result
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=1536)
@@ -115,7 +101,7 @@ def main():
                 for method in METHODS:
                     local = os.path.join(work, f"local-{n}-{method}-{r}")
                     os.mkdir(local)
-                    runs[n][method].append(run(method, n, mnt, local, daemon, args))
+                    runs[n][method].append(run(method, n, mnt, local, daemon, args, __file__))
     show(runs, d, args)
     if args.json:
         with open(args.json, "w") as fh:

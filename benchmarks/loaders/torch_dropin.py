@@ -147,10 +147,13 @@ def cpu_of(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def run(method, n, mnt, local, daemon, args):
+def run(method, n, mnt, local, daemon, args, script=__file__):
+    """``script --one method`` in a fresh process: its JSON, with the emulator's CPU seconds over it added."""
     before = cpu_of(daemon)
-    cmd = [sys.executable, os.path.abspath(__file__), "--one", method, "--n", str(n), "--data", mnt,
-           "--local", local, "--epochs", str(args.epochs), "--in-flight", str(args.in_flight)]
+    cmd = [sys.executable, os.path.abspath(script), "--one", method, "--n", str(n), "--data", mnt,
+           "--local", local, "--epochs", str(args.epochs)]
+    if getattr(args, "in_flight", None) is not None:
+        cmd += ["--in-flight", str(args.in_flight)]
     env = dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS="1")
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, env=env)
     if proc.returncode:
