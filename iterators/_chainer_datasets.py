@@ -19,6 +19,7 @@ import stat
 import numpy
 
 from stager import Catalog
+from stager.formats import SampleDecoder
 from stager.sources import check_relpath, reading
 
 from ._chainer_import import chainer as _chainer
@@ -134,12 +135,33 @@ class FileDataset:
         return Decoder(self.template, self.kind, self.labels, self.transforms)
 
 
-class Decoder:
+def _pure(template):
+    """Whether the dataset reads its images with Chainer's own ``get_example`` (its pixels: the file's alone)."""
+    images = _chainer.datasets.image_dataset
+    return type(template).get_example in (images.ImageDataset.get_example, images.LabeledImageDataset.get_example)
+
+
+def _pixels(path):
+    """The image file's pixels as PIL gives them to numpy: what Chainer's reading converts to the dataset's dtype."""
+    from PIL import Image
+
+    with Image.open(path) as image:
+        return numpy.asarray(image)
+
+
+class Decoder(SampleDecoder):
     """Decodes one staged file as the dataset would decode the example.
 
     A path is matched to its label by its ending: the longest relative path
     of the dataset that the path ends with (the staging directory, or the
     source when staging is off, is what comes before it).
+
+    With the node's decoded tier (``staging.decoded``) and Chainer's own
+    ``ImageDataset`` or ``LabeledImageDataset`` (not a subclass that
+    overrides ``get_example``), the tier keeps each image's pixels as PIL
+    gives them (uint8 for the usual modes, a quarter of float32's bytes);
+    the example is then made from them as Chainer makes it: converted to the
+    dataset's dtype, channels first, then the wrappers' transforms.
 
     Args:
         template: The dataset, with its list of files emptied.
@@ -153,6 +175,25 @@ class Decoder:
         self.kind = kind
         self.labels = labels
         self.transforms = transforms
+        self._tier = None
+
+    def use_decoded(self, tier):
+        if not _pure(self.template):
+            return False
+        self._tier = tier
+        return True
+
+    def decode(self, path, index, epoch):
+        if self._tier is None:
+            return self(path)
+        images = _chainer.datasets.image_dataset
+        image = numpy.asarray(self._tier.load(index, path, _pixels), dtype=self.template._dtype)
+        example = images._postprocess_image(image)
+        if self.kind == "pairs":
+            example = example, numpy.array(self._label(path), dtype=self.template._label_dtype)
+        for transform in self.transforms:
+            example = transform(example)
+        return example
 
     def _label(self, path):
         parts = path.split(os.sep)

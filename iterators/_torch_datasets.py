@@ -206,13 +206,15 @@ class TorchFiles:
         windows = [getattr(dataset, "stager_window", None) for _, dataset in self.leaves]
         return max(windows) if windows and None not in windows else None
 
-    def decoder(self, seed, worker_init_fn=None, dataset=None, collate=None):
+    def decoder(self, seed, worker_init_fn=None, dataset=None, collate=None, pure_loader=False):
         """The ``SampleDecoder`` stager's readers run (picklable when the datasets are).
 
         ``collate``: what the readers make of each minibatch's samples (a
-        ``Collate``), or None to hand the rank the list.
+        ``Collate``), or None to hand the rank the list. ``pure_loader``:
+        the user declares every ``DatasetFolder``'s loader pure.
         """
-        return TorchDecoder(self.leaves, self.leaf_of, self.index_in, seed, worker_init_fn, dataset, collate)
+        return TorchDecoder(self.leaves, self.leaf_of, self.index_in, seed, worker_init_fn, dataset, collate,
+                            pure_loader)
 
 
 class _Swapped(collections.abc.Sequence):
@@ -292,7 +294,8 @@ class TorchDecoder(SampleDecoder):
     training process's random streams are left as they were.
     """
 
-    def __init__(self, leaves, leaf_of, index_in, seed, worker_init_fn=None, dataset=None, collate=None):
+    def __init__(self, leaves, leaf_of, index_in, seed, worker_init_fn=None, dataset=None, collate=None,
+                 pure_loader=False):
         self.leaves = leaves
         self.leaf_of = leaf_of
         self.index_in = index_in
@@ -302,13 +305,19 @@ class TorchDecoder(SampleDecoder):
         self.collate = collate
         self._in_reader = False
         self._tier = None
+        self.pure_loader = pure_loader
 
     def use_decoded(self, tier):
         """Takes the node's decoded tier where a dataset inside reads with a loader known to be pure."""
-        if any(kind == FOLDER and _pure(dataset.loader) for kind, dataset in self.leaves):
+        if any(kind == FOLDER and self._pure(dataset.loader) for kind, dataset in self.leaves):
             self._tier = tier
             return True
         return False
+
+    def _pure(self, loader):
+        """Whether ``loader``'s result depends on the file's bytes alone: torchvision's own, or declared so."""
+        folder = torchvision.datasets.folder
+        return self.pure_loader or loader is folder.default_loader or loader is folder.pil_loader
 
     def start(self, worker, workers):
         self._in_reader = True
@@ -341,15 +350,11 @@ class TorchDecoder(SampleDecoder):
         one.samples = _Swapped(dataset.samples, inner, (path, dataset.samples[inner][1]))
         if hasattr(one, "imgs"):
             one.imgs = one.samples  # ImageFolder's alias
-        if self._tier is not None and _pure(dataset.loader):
+        if self._tier is not None and self._pure(dataset.loader):
             one.loader = _Kept(self._tier, index, dataset.loader)
         return one[inner]
 
 
-def _pure(loader):
-    """Whether ``loader`` is one whose result depends on the file's bytes alone: torchvision's own image loaders."""
-    folder = torchvision.datasets.folder
-    return loader is folder.default_loader or loader is folder.pil_loader
 
 
 class _Kept:

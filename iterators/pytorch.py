@@ -83,12 +83,17 @@ class StagedLoader(IterableDataset):
             YAML file, else stager's defaults.
         world: A ``stager.world.World``; default: detected.
         catalog: For the older form: a ``Catalog``; default: built on rank 0.
+        pure_loader: True declares the ``loader`` of the ``DatasetFolder``
+            datasets inside a pure function of the file's bytes (no
+            randomness, no state, no other input), so that what it returns
+            is kept as a decoded copy (``staging.decoded``, docs/decoded.md)
+            as for torchvision's own loaders. Default: only those are.
     """
 
     def __init__(self, dataset, batch_size=1, shuffle=None, sampler=None, batch_sampler=None, num_workers=0,
                  collate_fn=None, pin_memory=False, drop_last=False, timeout=0, worker_init_fn=None,
                  multiprocessing_context=None, generator=None, *, prefetch_factor=None, persistent_workers=False,
-                 pin_memory_device="", in_order=True, config=None, world=None, catalog=None):
+                 pin_memory_device="", in_order=True, config=None, world=None, catalog=None, pure_loader=False):
         super().__init__()
         if isinstance(dataset, (Config, dict, Catalog)) and callable(batch_size):
             raise TypeError("StagedLoader's second argument is batch_size, as DataLoader's; pass the collate "
@@ -118,7 +123,7 @@ class StagedLoader(IterableDataset):
             if catalog is not None:
                 raise TypeError("catalog= describes a stager dataset; a PyTorch dataset's files are its catalog")
             self.dataset = dataset
-            self._from_dataset(dataset, shuffle, batch_sampler, processes, config, world)
+            self._from_dataset(dataset, shuffle, batch_sampler, processes, config, world, pure_loader)
         self._epoch = 0
         self._position = 0      # samples of the epoch's global order done, all ranks together
         self._pipe = None
@@ -144,7 +149,7 @@ class StagedLoader(IterableDataset):
         self.config, self.world, self.catalog = resolve(dataset, world, catalog, {**processes, "plan": plan})
         self._seed_given = True
 
-    def _from_dataset(self, dataset, shuffle, batch_sampler, processes, config, world):
+    def _from_dataset(self, dataset, shuffle, batch_sampler, processes, config, world, pure_loader):
         files = TorchFiles(dataset)
         base = staging_settings(config)
         world = world if world is not None else detect(base.world.mpi, base.world.backend)
@@ -165,7 +170,7 @@ class StagedLoader(IterableDataset):
                      "dataset": {"source": files.root, "manifest": None, "catalog": None, **files.source_settings()}}
         self.config, self.world, self.catalog = resolve(base, world, None, overrides, files.catalog)
         self._decoder = files.decoder(plan["seed"], self.worker_init_fn, dataset,
-                                      Collate(self.collate_fn, single=self.batch_size is None))
+                                      Collate(self.collate_fn, single=self.batch_size is None), pure_loader)
 
     def set_epoch(self, epoch):
         """Chooses the epoch the next iteration reads (from its start unless resuming in it).

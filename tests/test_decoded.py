@@ -192,18 +192,25 @@ def test_image_folder_samples_equal_decoding_them_again_and_dataloaders_every_ep
     assert report["decoded"]["samples_from_decoded"] >= (EPOCHS - 1) * n
 
 
-def test_a_loader_of_the_users_own_keeps_no_decoded_copies(images, tmp_path):
-    def own(path):
-        with open(path, "rb") as fh:
-            return Image.open(fh).convert("RGB")
+def own_loader(path):
+    with open(path, "rb") as fh:
+        return Image.open(fh).convert("L")
 
-    dataset = ImageFolder(images, transform=FIXED, loader=own)
-    got, report = run(dataset, tmp_path, "on")
+
+def test_a_loader_of_the_users_own_keeps_no_decoded_copies_unless_declared_pure(images, tmp_path):
+    dataset = ImageFolder(images, transform=FIXED, loader=own_loader)
+    got, report = run(dataset, tmp_path / "own", "on")
     assert report["decoded"]["samples_kept"] == report["decoded"]["samples_from_decoded"] == 0
-    assert not os.listdir(os.path.join(tmp_path, "local"))  # and the job's directory went with the run
+    assert not os.listdir(os.path.join(tmp_path, "own", "local"))  # and the job's directory went with the run
     from stager.telemetry.summary import decoded_lines
     assert decoded_lines(report) == [f"decoded copies: none kept: no loader known to be pure read the samples "
                                      f"(room: {report['decoded']['note']})"]
+    (tmp_path / "pure").mkdir()
+    with StagedLoader(dataset, batch_size=5, shuffle=True, num_workers=2, pure_loader=True,
+                      generator=torch.Generator().manual_seed(11), config=config(tmp_path / "pure", "on")) as dl:
+        declared, report = epochs(dl)
+    assert_same(declared, got)
+    assert report["decoded"]["samples_kept"] == len(dataset)
 
 
 def test_stagers_image_loader_keeps_its_pixels_and_gives_the_same_arrays(images, tmp_path):
@@ -222,3 +229,32 @@ def test_stagers_image_loader_keeps_its_pixels_and_gives_the_same_arrays(images,
     assert first.dtype == second.dtype == np.float32 and np.array_equal(first, want) and np.array_equal(second, want)
     assert tier.kept == tier.hits == 1
     tier.close()
+
+
+def _chainer_examples(dataset, tmp_path, decoded, epochs=EPOCHS):
+    from iterators.chainer import StagingIterator
+
+    tmp_path.mkdir(exist_ok=True)
+    conf = {**config(tmp_path, decoded), "reader": {"workers": 2}}
+    with StagingIterator(dataset, 5, repeat=True, shuffle=False, config=conf) as it:
+        got = [[example for _ in range(len(dataset) // 5) for example in it.next()] for _ in range(epochs)]
+        return got, it.report()
+
+
+@pytest.mark.parametrize("labeled", [True, False])
+def test_chainers_image_datasets_give_their_own_examples_from_decoded_copies(images, tmp_path, labeled):
+    chainer = pytest.importorskip("iterators.chainer", reason="Chainer is not installed (extra 'chainer')")._chainer
+    files = sorted(os.path.relpath(os.path.join(d, f), images) for d, _, fs in os.walk(images) for f in fs)
+    files = [f for f in files if f.endswith(".png") or f.endswith(".jpg")][:20]
+    if labeled:
+        dataset = chainer.datasets.LabeledImageDataset([(f, i % 3) for i, f in enumerate(files)], root=images)
+    else:
+        dataset = chainer.datasets.ImageDataset(files, root=images, dtype=np.uint8)
+    got, report = _chainer_examples(dataset, tmp_path / "on", "on")
+    want = [dataset[i] for i in range(len(dataset))]
+    for epoch in got:
+        for mine, theirs in zip(epoch, want):
+            for a, b in zip(mine if labeled else (mine,), theirs if labeled else (theirs,)):
+                assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b)
+    assert report["decoded"]["samples_kept"] == len(dataset)
+    assert report["decoded"]["samples_from_decoded"] >= (EPOCHS - 1) * len(dataset)
