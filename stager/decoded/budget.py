@@ -11,6 +11,8 @@ samples are read encoded, as with ``staging.decoded: off``.
 from ..cache import human
 from ..storage import free_share
 
+MIN_ROOM = 1 << 20  # less is not worth a tier: one segment of the smallest size
+
 
 def decoded_budget(mode, capacity, job_dir, dataset_bytes):
     """``(bytes, why)``: the decoded tier's room on this node, and the sentence that says how it was chosen.
@@ -28,7 +30,7 @@ def decoded_budget(mode, capacity, job_dir, dataset_bytes):
     else:
         room, where = capacity, f"staging.capacity {human(capacity)}"
     left = room - dataset_bytes
-    if left <= 0:
-        return 0, (f"none: {where} does not hold the dataset's {human(dataset_bytes)} beside decoded copies, so "
-                   "samples are read encoded")
+    if left < MIN_ROOM:
+        return 0, (f"none: {where} does not hold the dataset's {human(dataset_bytes)} and {human(MIN_ROOM)} of "
+                   "decoded copies beside it, so samples are read encoded")
     return left, f"{human(left)}: {where}, less the dataset's {human(dataset_bytes)} of encoded copies"
