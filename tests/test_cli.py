@@ -135,6 +135,23 @@ def test_sigterm_mid_run_stops_workers_unmounts_and_cleans_up(tmp_path):
     assert os.listdir(tmp_path / "local") == []
 
 
+def test_make_dataset_writes_jpegs_of_the_sizes_asked_in_turn_and_names_a_wrong_one(tmp_path):
+    from PIL import Image
+
+    data = tmp_path / "data"
+    proc = subprocess.run(stager_cmd("make-dataset", str(data), "--samples", "5", "--format", "jpeg",
+                                     "--image-size", "64x48,40x72", "--bytes", "3000", "--quiet"),
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    catalog = Catalog.from_manifest(str(data), "manifest.tsv")
+    sizes = [Image.open(data / catalog.path(i)).size for i in range(len(catalog))]
+    assert sizes == [(64, 48), (40, 72), (64, 48), (40, 72), (64, 48)]
+    proc = subprocess.run(stager_cmd("make-dataset", str(tmp_path / "bad"), "--samples", "2", "--format", "jpeg",
+                                     "--image-size", "64x48,40by72"), capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0 and "'40by72' is not WIDTHxHEIGHT" in proc.stderr
+    assert not (tmp_path / "bad").exists()
+
+
 def test_make_dataset_and_slowfs_mount_umount(tmp_path):
     data, mnt = tmp_path / "data", tmp_path / "mnt"
     proc = subprocess.run(stager_cmd("make-dataset", str(data), "--samples", "5", "--bytes", "2000", "--quiet"),

@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/loaders/decoded_tier.py                      # 1,536 JPEGs, N = 4, 3 rounds
     .venv/bin/python benchmarks/loaders/decoded_tier.py --processes 2,4,8 --rounds 3 --json docs/decoded.json
+    .venv/bin/python benchmarks/loaders/decoded_tier.py --image-size mixed --bytes 110000   # ImageNet's sizes
     .venv/bin/python benchmarks/loaders/decoded_tier.py --show docs/decoded.json    # the tables again
 
 torch_dropin.py's set-up: an ImageFolder of 256x256 JPEGs (115 KB) behind
@@ -75,6 +76,9 @@ def main():
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--processes", default="4", help="N: DataLoader workers, StagedLoader's num_workers")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--image-size", help="the JPEGs' sizes, as stager make-dataset takes them (mixed: "
+                                             "ImageNet's); default 256x256")
+    parser.add_argument("--bytes", type=int, default=115000, help="the (first size's) JPEG bytes")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--show", help="print the tables of a saved --json file instead of measuring")
     parser.add_argument("--one", help=argparse.SUPPRESS)
@@ -91,11 +95,16 @@ def main():
         runs = {int(n): r for n, r in saved["runs"].items()}
         args.samples, args.open_ms, args.rounds = saved["samples"], saved["open_ms"], len(next(iter(
             next(iter(runs.values())).values())))
+        args.image_size, args.bytes = saved.get("image_size"), saved.get("bytes", 115000)
         args.epochs = len(runs[min(runs)]["off"][0]["epochs"])
         return show(runs, saved["decode_s"], args)
     counts = [int(x) for x in args.processes.split(",")]
     runs = {n: {m: [] for m in METHODS} for n in counts}
-    with emulated_jpeg_folder(args.samples, args.open_ms, "stager-decoded-") as (work, mnt, daemon, d):
+    from stager.job.synth import parse_image_sizes
+
+    sizes = parse_image_sizes(args.image_size) if args.image_size else None
+    with emulated_jpeg_folder(args.samples, args.open_ms, "stager-decoded-", sizes, args.bytes) as (work, mnt, daemon,
+                                                                                                    d):
         for r in range(args.rounds):
             for n in counts:
                 for method in METHODS:
@@ -105,13 +114,15 @@ def main():
     show(runs, d, args)
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"samples": args.samples, "open_ms": args.open_ms, "decode_s": d, "runs": runs}, fh, indent=1)
+            json.dump({"samples": args.samples, "open_ms": args.open_ms, "decode_s": d, "image_size": args.image_size,
+                       "bytes": args.bytes, "runs": runs}, fh, indent=1)
 
 
 def show(runs, d, args):
     """The tables, from each N's runs by method."""
     counts = sorted(runs)
-    print(f"{args.samples} JPEGs (256x256, 115 KB) behind the emulator at {args.open_ms:g} ms an open; batch "
+    print(f"{args.samples} JPEGs ({args.image_size or '256x256'}, {args.bytes / 1000:g} KB) behind the emulator at "
+          f"{args.open_ms:g} ms an open; batch "
           f"{BATCH}; {args.epochs} epochs; transforms {d * 1000:.2f} ms CPU a sample; {args.rounds} rounds, medians")
     print("\n| N | epoch | DataLoader s | StagedLoader, decoded off s | StagedLoader, defaults s | "
           "defaults / off | same tensors |")

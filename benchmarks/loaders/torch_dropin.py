@@ -122,8 +122,9 @@ def decode_seconds(data, count=64):
 
 
 @contextlib.contextmanager
-def emulated_jpeg_folder(samples, open_ms, prefix):
-    """An ImageFolder of 256x256 JPEGs behind the emulator at ``open_ms`` an open, removed afterwards.
+def emulated_jpeg_folder(samples, open_ms, prefix, sizes=None, nbytes=115000):
+    """An ImageFolder of 256x256 JPEGs (or ``sizes``, in turn) behind the emulator at ``open_ms`` an open, removed
+    afterwards.
 
     Yields:
         ``(work directory, mount point, the emulator daemon's pid, CPU seconds of the transforms a sample)``.
@@ -133,7 +134,7 @@ def emulated_jpeg_folder(samples, open_ms, prefix):
 
     with tempfile.TemporaryDirectory(prefix=prefix) as work:
         data = os.path.join(work, "imgs")
-        make_dataset(data, samples, nbytes=115000, classes=10, seed=1, progress=False, fmt="jpeg")
+        make_dataset(data, samples, nbytes=nbytes, classes=10, seed=1, progress=False, fmt="jpeg", sizes=sizes)
         os.remove(os.path.join(data, "manifest.tsv"))  # an ImageFolder: class directories only
         d = decode_seconds(data)
         os.mkdir(os.path.join(work, "mnt"))

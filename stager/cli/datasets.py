@@ -19,7 +19,7 @@ def _positive(text):
 
 def _cmd_make_dataset(args):
     from ..job.source import write_synthetic
-    from ..job.synth import JPEG_BYTES, make_dataset
+    from ..job.synth import JPEG_BYTES, make_dataset, parse_image_sizes
 
     if args.config:
         if args.dir or args.samples:
@@ -35,6 +35,14 @@ def _cmd_make_dataset(args):
     if "://" in args.dir:
         raise StagerError(f"make-dataset writes a local directory; {args.dir} is a URL")
     nbytes = args.bytes or (JPEG_BYTES if "jpeg" in (args.format, args.content) else 196_736)
+    sizes = None
+    if args.image_size:
+        if args.format != "jpeg":
+            raise StagerError(f"make-dataset: --image-size is for --format jpeg, not {args.format}")
+        try:
+            sizes = parse_image_sizes(args.image_size)
+        except ValueError as exc:
+            raise StagerError(f"make-dataset: --image-size: {exc}") from None
     if args.format in ("tar", "hdf5"):
         from ..job.packing import make_shards
 
@@ -42,7 +50,7 @@ def _cmd_make_dataset(args):
                                args.per_shard, args.content, progress=not args.quiet)
     else:
         manifest = make_dataset(args.dir, args.samples, nbytes, args.classes, args.seed, progress=not args.quiet,
-                                fmt=args.format)
+                                fmt=args.format, sizes=sizes)
     print(f"wrote {args.samples} samples and {manifest}")
     return 0
 
@@ -75,6 +83,10 @@ def add_dataset_parsers(sub):
     p.add_argument("--samples", type=int, help="number of samples")
     p.add_argument("--bytes", type=int, help="approximate bytes per sample (default 196736: 256x256x3 as "
                                              ".npy; 115000 as JPEG)")
+    p.add_argument("--image-size", metavar="WxH[,WxH...]|mixed",
+                   help="with --format jpeg: each image's width x height in turn (default 256x256); mixed: "
+                        "ImageNet's commonest sizes (500x375, 500x333, 375x500, 500x500...). --bytes is then the "
+                        "first size's")
     p.add_argument("--format", choices=("npy", "jpeg", "tar", "hdf5"), default="npy",
                    help="npy: random uint8 arrays (default); jpeg: 256x256 RGB JPEGs, decoded by the image loader; "
                         "tar: WebDataset shards of --content samples and their labels; hdf5: containers whose "
