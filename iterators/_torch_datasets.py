@@ -23,6 +23,12 @@ The protocol, for datasets of your own::
         def __getitem__(self, index):        # what DataLoader calls: the same thing on the original
             return self.stager_load(self.stager_path(index), index)
 
+A protocol dataset whose decoding is pure may also take the node's decoded
+tier (``staging.decoded``): it says so with a true ``stager_keeps_decoded``
+attribute, and its ``stager_load`` then takes ``tier=(tier, catalog index)``
+and calls ``tier.load(catalog index, path, load)`` where it would call
+``load(path)`` (``ShardDataset`` with the ``image`` loader does).
+
 Datasets whose samples are in memory (``TensorDataset``, lists) or that
 stream (``IterableDataset``) have nothing to stage and are refused with a
 ``TypeError`` that points to ``DataLoader``.
@@ -309,10 +315,16 @@ class TorchDecoder(SampleDecoder):
 
     def use_decoded(self, tier):
         """Takes the node's decoded tier where a dataset inside reads with a loader known to be pure."""
-        if any(kind == FOLDER and self._pure(dataset.loader) for kind, dataset in self.leaves):
+        if any(self._keeps(kind, dataset) for kind, dataset in self.leaves):
             self._tier = tier
             return True
         return False
+
+    def _keeps(self, kind, dataset):
+        """Whether a dataset's samples go through the decoded tier: a pure loader, or a protocol dataset that can."""
+        if kind == FOLDER:
+            return self._pure(dataset.loader)
+        return bool(getattr(dataset, "stager_keeps_decoded", False))
 
     def _pure(self, loader):
         """Whether ``loader``'s result depends on the file's bytes alone: torchvision's own, or declared so."""
@@ -345,6 +357,8 @@ class TorchDecoder(SampleDecoder):
         inner = int(self.index_in[index])
         _seed_all(sample_seed(self.seed, epoch, index))
         if kind == PROTOCOL:
+            if self._tier is not None and self._keeps(kind, dataset):
+                return dataset.stager_load(path, inner, tier=(self._tier, index))
             return dataset.stager_load(path, inner)
         one = copy.copy(dataset)  # its loader and transforms; its sample ``inner`` is the staged file
         one.samples = _Swapped(dataset.samples, inner, (path, dataset.samples[inner][1]))

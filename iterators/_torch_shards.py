@@ -22,7 +22,7 @@ from torch.utils.data import Dataset
 
 from stager.catalog import load_catalog
 from stager.config import config_from_dict
-from stager.formats.shards import ShardReader, decode_parts
+from stager.formats.shards import ShardReader, decode_parts, kept_parts
 from stager.sources import open_source
 
 
@@ -79,11 +79,24 @@ class ShardDataset(Dataset):
         """The container sample ``index`` is packed in."""
         return os.path.join(self.catalog.root, self.catalog.path(index))
 
-    def stager_load(self, path, index):
-        """Sample ``index`` from the container at ``path`` (the source's, or its staged copy)."""
+    @property
+    def stager_keeps_decoded(self):
+        """Whether ``stager_load`` can take a decoded tier: with the ``image`` loader, whose decoding is pure."""
+        return self.loader == "image"
+
+    def stager_load(self, path, index, tier=None):
+        """Sample ``index`` from the container at ``path`` (the source's, or its staged copy).
+
+        ``tier``: a ``decoded.DecodedTier`` and the sample's index in it, which keeps the decoded parts
+        (``stager_keeps_decoded``), or None.
+        """
         if self._reader is None:
             self._reader = ShardReader(self.catalog.layout)
-        sample = decode_parts(self._reader.read(path, index), self.loader, {"layout": "hwc"})
+        if tier is not None and self.stager_keeps_decoded:
+            sample = kept_parts(tier[0], tier[1], path, lambda p: self._reader.read(p, index), self.loader,
+                                {"layout": "hwc"})
+        else:
+            sample = decode_parts(self._reader.read(path, index), self.loader, {"layout": "hwc"})
         return self.transform(sample) if self.transform is not None else sample
 
     def __getstate__(self):

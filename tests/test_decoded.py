@@ -279,3 +279,55 @@ def test_a_capacity_that_holds_the_encoded_copies_alone_keeps_no_decoded_ones(im
     assert_same(tight, off)
     assert report["decoded"]["samples_kept"] == report["decoded"]["samples_from_decoded"] == 0
     assert report["decoded"]["note"].startswith("none: staging.capacity")
+
+
+@pytest.fixture(scope="module")
+def jpeg_shards(tmp_path_factory):
+    from stager.job.packing import make_shards
+
+    out = str(tmp_path_factory.mktemp("shards") / "tar")
+    make_shards(out, "tar", 30, 4000, 3, 5, 8, content="jpeg", progress=False)
+    return out
+
+
+def test_jpegs_in_tar_shards_are_kept_decoded_and_equal_reading_them_in_place(jpeg_shards, tmp_path):
+    from iterators.pytorch import ShardDataset
+
+    def tensors(sample):
+        return torch.from_numpy(sample["jpg"].copy()), int(sample["cls"])
+
+    dataset = ShardDataset(jpeg_shards, manifest="manifest.tsv", loader="image", transform=tensors)
+    want = [[[t.clone() for t in b] for b in DataLoader(dataset, batch_size=5)]] * EPOCHS
+    got, report = run(dataset, tmp_path / "on", "on", shuffle=False)
+    assert_same(got, want)
+    assert_kept_and_built(report["decoded"], len(dataset))
+    raw = ShardDataset(jpeg_shards, manifest="manifest.tsv", loader="raw",
+                       transform=lambda s: (torch.tensor(len(s["jpg"])), int(s["cls"])))
+    _, report = run(raw, tmp_path / "raw", "on", shuffle=False)
+    assert report["decoded"]["samples_kept"] == 0  # its parts are bytes: nothing decoded to keep
+
+
+def test_a_jobs_image_shards_are_kept_decoded_in_the_chw_layout_it_asks_for(jpeg_shards, tmp_path):
+    from stager.config import config_from_dict
+    from stager.engine import Pipeline
+    from stager.formats.shards import ShardReader, decode_parts
+
+    cfg = config_from_dict({
+        "dataset": {"source": jpeg_shards, "format": "tar", "manifest": "manifest.tsv", "loader": "image",
+                    "layout": "chw"},
+        "plan": {"batch_size": 5, "epochs": EPOCHS, "seed": 2},
+        "staging": {"local_dir": str(tmp_path), "prefetchers": 2, "decoded": "on"},
+        "reader": {"workers": 2},
+    })
+    with Pipeline(cfg) as pipe:
+        got = [(int(i), sample) for b in pipe for i, sample in zip(b.indices, b.samples)]
+        catalog, decoded = pipe.catalog, dict(pipe.stats.decoded)
+    reader = ShardReader(catalog.layout)
+    for i, parts in got:
+        path = os.path.join(catalog.root, catalog.path(i))
+        want = decode_parts(reader.read(path, i), "image", {"layout": "chw"})
+        assert parts.keys() == want.keys() and parts["jpg"].dtype == np.float32
+        assert all(np.array_equal(parts[k], want[k]) if isinstance(want[k], np.ndarray) else parts[k] == want[k]
+                   for k in want)
+    assert len(got) == EPOCHS * len(catalog)
+    assert_kept_and_built(decoded, len(catalog))

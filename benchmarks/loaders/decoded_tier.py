@@ -76,6 +76,8 @@ def main():
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--processes", default="4", help="N: DataLoader workers, StagedLoader's num_workers")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--order", default=",".join(METHODS),
+                        help=f"the methods' order in each round (default {','.join(METHODS)})")
     parser.add_argument("--image-size", help="the JPEGs' sizes, as stager make-dataset takes them (mixed: "
                                              "ImageNet's); default 256x256")
     parser.add_argument("--bytes", type=int, default=115000, help="the (first size's) JPEG bytes")
@@ -107,15 +109,15 @@ def main():
                                                                                                     d):
         for r in range(args.rounds):
             for n in counts:
-                for method in METHODS:
+                for method in args.order.split(","):
                     local = os.path.join(work, f"local-{n}-{method}-{r}")
                     os.mkdir(local)
                     runs[n][method].append(run(method, n, mnt, local, daemon, args, __file__))
-    show(runs, d, args)
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"samples": args.samples, "open_ms": args.open_ms, "decode_s": d, "image_size": args.image_size,
                        "bytes": args.bytes, "runs": runs}, fh, indent=1)
+    show(runs, d, args)
 
 
 def show(runs, d, args):
@@ -129,16 +131,20 @@ def show(runs, d, args):
     print("|---:|---:|---:|---:|---:|---:|---|")
     for n in counts:
         for e in range(args.epochs):
-            dl, on, off = (statistics.median(x["epochs"][e] for x in runs[n][m]) for m in METHODS)
+            dl, on, off = (statistics.median(x["epochs"][e] for x in runs[n][m]) if runs[n][m] else float("nan")
+                           for m in METHODS)
             same = all(a["digests"][e] == b["digests"][e] for a, b in zip(runs[n]["defaults"], runs[n]["off"]))
             print(f"| {n} | {e + 1} | {dl:.2f} | {off:.2f} | {on:.2f} | {on / off:.2f}x | {'yes' if same else 'NO'} |")
     print("\n| N | epochs 2+: defaults / off, each round | median | CPU s (rank, readers, prefetchers, emulator): "
           "off | defaults |")
     print("|---:|---|---:|---|---|")
     for n in counts:
-        ratios = [sum(a["epochs"][1:]) / sum(b["epochs"][1:]) for a, b in zip(runs[n]["defaults"], runs[n]["off"])]
+        ratios = [sum(a["epochs"][1:]) / sum(b["epochs"][1:]) for a, b in zip(runs[n]["defaults"], runs[n]["off"])
+                  if len(b["epochs"]) > 1] or [float("nan")]
 
         def cpu(method):
+            if not runs[n][method]:
+                return "-"
             c = runs[n][method][-1]["cpu"]
             return f"{c['rank']:.1f}, {c['readers']:.1f}, {c['prefetchers']:.1f}, {c['emulator']:.1f}"
         print(f"| {n} | {', '.join(f'{x:.2f}x' for x in ratios)} | {statistics.median(ratios):.2f}x | {cpu('off')} "

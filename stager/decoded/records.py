@@ -1,4 +1,4 @@
-"""A decoded sample as bytes on local storage, and back: a PIL image or a numpy array, bit for bit.
+"""A decoded sample as bytes on local storage, and back: a PIL image, a numpy array or a dict, bit for bit.
 
 A record is a fixed header, a short text naming what the pixels are, and
 the pixels. The header holds the lengths and a CRC-32 of all that follows it
@@ -18,7 +18,7 @@ import numpy as np
 
 MAGIC = b"SDC1"
 HEADER = struct.Struct("<4sBxHIQ")  # magic, kind, meta length, crc32 of meta and payload, payload length
-PIL_IMAGE, ARRAY = 1, 2
+PIL_IMAGE, ARRAY, PARTS = 1, 2, 3
 # Modes whose pixels are not the whole image (a palette beside them): kept encoded.
 _PALETTED = ("P", "PA")
 
@@ -32,17 +32,63 @@ def _pil_image(obj):
     return pil is not None and isinstance(obj, pil.Image)
 
 
+def _plain_array(obj):
+    return isinstance(obj, np.ndarray) and not obj.dtype.hasobject and obj.dtype.names is None
+
+
+def _pack_parts(parts):
+    """A shard sample's dict (``str`` keys; arrays, ``bytes`` or ``str`` values) as ``(meta, payloads)``, or None."""
+    meta, payloads = [], []
+    for key, value in parts.items():
+        if not isinstance(key, str) or " " in key or "\n" in key:
+            return None
+        if _plain_array(value):
+            data = memoryview(np.ascontiguousarray(value)).cast("B")
+            meta.append(f"{key} a {value.dtype.str} {','.join(str(d) for d in value.shape)} {len(data)}")
+        elif isinstance(value, (bytes, str)):
+            data = value.encode() if isinstance(value, str) else value
+            meta.append(f"{key} {'s' if isinstance(value, str) else 'b'} - - {len(data)}")
+        else:
+            return None
+        payloads.append(data)
+    return "\n".join(meta), payloads
+
+
+def _unpack_parts(meta, payload):
+    out, at = {}, 0
+    for line in meta.split("\n") if meta else ():
+        key, kind, dtype, shape, size = line.split(" ")
+        data, at = payload[at:at + int(size)], at + int(size)
+        if kind == "a":
+            dims = tuple(int(d) for d in shape.split(",")) if shape else ()
+            out[key] = np.frombuffer(data, dtype=np.dtype(dtype)).reshape(dims)
+        else:
+            out[key] = bytes(data).decode() if kind == "s" else bytes(data)
+    return out
+
+
 def pack(obj):
     """The buffers of ``obj``'s record (to be written one after the other), or None where it cannot be kept.
 
     Kept: a ``PIL.Image`` of a mode without a palette, a numpy array of
-    plain (not object) values. Anything else is None: read it encoded.
+    plain (not object) values, and a dict of those arrays, ``bytes`` and
+    ``str`` by ``str`` keys (a shard's sample). Anything else is None: read
+    it encoded.
     """
+    if isinstance(obj, dict):
+        packed = _pack_parts(obj)
+        if packed is None:
+            return None
+        meta = packed[0].encode()
+        crc = zlib.crc32(meta)
+        for data in packed[1]:
+            crc = zlib.crc32(data, crc)
+        return [HEADER.pack(MAGIC, PARTS, len(meta), crc, sum(len(d) for d in packed[1])), meta, *packed[1]]
     if _pil_image(obj):
         if obj.mode in _PALETTED:
             return None
         kind, meta, payload = PIL_IMAGE, f"{obj.mode} {obj.size[0]} {obj.size[1]}", obj.tobytes()
-    elif isinstance(obj, np.ndarray) and not obj.dtype.hasobject and obj.dtype.names is None:
+    elif _plain_array(obj):
         kind, meta = ARRAY, f"{obj.dtype.str} {','.join(str(d) for d in obj.shape)}"
         payload = memoryview(np.ascontiguousarray(obj)).cast("B")
     else:
@@ -83,4 +129,6 @@ def unpack(buf):
         dtype, shape = meta.split(" ")
         dims = tuple(int(d) for d in shape.split(",")) if shape else ()
         return np.frombuffer(payload, dtype=np.dtype(dtype)).reshape(dims)
+    if kind == PARTS:
+        return _unpack_parts(meta, payload)
     raise CorruptRecord(f"unknown kind {kind}")

@@ -206,6 +206,23 @@ class ShardReader:
             self._close(self._open.popitem()[1][1])
 
 
+def kept_parts(tier, index, path, read, loader, options):
+    """Sample ``index``'s decoded parts through the decoded tier: kept as the ``image`` loader decodes them (HWC),
+    then put in ``options``'s layout.
+
+    Args:
+        tier: The reader's ``decoded.DecodedTier``.
+        read: ``path -> the sample's dict`` (a ``ShardReader``'s read of this sample).
+        loader: ``image`` (the one loader of parts whose results are kept).
+    """
+    from .images import in_layout
+
+    parts = tier.load(index, path, lambda p: decode_parts(read(p), loader, {"layout": "hwc"}))
+    if options.get("layout") != "chw":
+        return parts
+    return {k: in_layout(v, options) if k in _IMAGE_PARTS else v for k, v in parts.items()}
+
+
 def decode_parts(sample, loader, options):
     """A sample's parts decoded as ``dataset.loader`` says (see the module's docstring).
 
@@ -248,6 +265,13 @@ class ShardDecoder(SampleDecoder):
         self.options = options
         self._reader = None
         self._load = None
+        self._tier = None
+
+    def use_decoded(self, tier):
+        if self.loader != "image":
+            return False
+        self._tier = tier
+        return True
 
     def start(self, worker, workers):
         from .files import resolve_loader  # the registry of loader names
@@ -258,8 +282,11 @@ class ShardDecoder(SampleDecoder):
     def decode(self, path, index, epoch):
         if self._reader is None:
             self.start(0, 1)
+        if self._tier is not None:
+            return kept_parts(self._tier, index, path, lambda p: self._reader.read(p, index), self.loader,
+                              self.options)
         return decode_parts(self._reader.read(path, index), self._load, self.options)
 
     def __getstate__(self):
         return {"layout": self.layout, "loader": self.loader, "options": self.options, "_reader": None,
-                "_load": None}
+                "_load": None, "_tier": None}
