@@ -33,6 +33,7 @@ from stager.world import agree, detect
 from ._source import resolve, staging_settings
 from ._torch_args import Pin, PinCollated, can_pin, dataloader_rules, draw_seed, loader_plan, process_settings
 from ._torch_datasets import Collate, TorchFiles
+from ._torch_decoder import TorchDecoder
 from ._torch_shards import ShardDataset
 
 __all__ = ["ShardDataset", "StagedLoader"]
@@ -169,8 +170,9 @@ class StagedLoader(IterableDataset):
         overrides = {**processes, "plan": plan,
                      "dataset": {"source": files.root, "manifest": None, "catalog": None, **files.source_settings()}}
         self.config, self.world, self.catalog = resolve(base, world, None, overrides, files.catalog)
-        self._decoder = files.decoder(plan["seed"], self.worker_init_fn, dataset,
-                                      Collate(self.collate_fn, single=self.batch_size is None), pure_loader)
+        # What the readers run (picklable when the datasets are).
+        self._decoder = TorchDecoder(files.leaves, files.leaf_of, files.index_in, plan["seed"], self.worker_init_fn,
+                                     dataset, Collate(self.collate_fn, single=self.batch_size is None), pure_loader)
 
     def set_epoch(self, epoch):
         """Chooses the epoch the next iteration reads (from its start unless resuming in it).

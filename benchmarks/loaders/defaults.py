@@ -18,6 +18,9 @@ DataLoader, the opens of the source's files over the run (inotify,
 probe included), the loading processes seen, CPU seconds per process kind,
 and the counts the defaults chose (``counts_timeline``) with their reasons.
 
+``--decoded-off`` adds a row: the defaults with ``staging.decoded: off``
+(the decoded tier's gain, issue 76).
+
 ``--frontend chainer`` runs the same rows in Chainer, as in Serizawa's
 set-up: ``LabeledImageDataset`` over the JPEGs (each decoded to a float32
 channel-first array, no resize), ``MultiprocessIterator(n_processes=N)``
@@ -95,6 +98,8 @@ def one(args):
     from stager.bench.cpu import CpuMeter
 
     config = {"staging": {"local_dir": args.local}}
+    if args.one == "decoded-off":  # the defaults but for the decoded tier
+        config["staging"]["decoded"] = "off"
     if args.one.startswith("fixed-"):  # fixed-P: P prefetchers, one file each; fixed-PxT: T files each
         processes, _, threads = args.one.split("-", 1)[1].partition("x")
         config["staging"]["prefetchers"] = int(processes)
@@ -152,12 +157,15 @@ def main():
     parser.add_argument("--frontend", choices=("torch", "chainer"), default="torch",
                         help="torch: ImageFolder, DataLoader, StagedLoader; chainer: LabeledImageDataset, "
                              "MultiprocessIterator, StagingIterator")
+    parser.add_argument("--decoded-off", action="store_true",
+                        help="add a row: the defaults with staging.decoded off (the decoded tier's gain)")
     parser.add_argument("--json", help="write the results here")
     one_run_arguments(parser)
     args = parser.parse_args()
     if args.one:
         return one(args)
-    methods = ["dataloader", "defaults"] + [f"fixed-{p}" for p in args.fixed.split(",") if p]
+    methods = ["dataloader", "defaults"] + (["decoded-off"] if args.decoded_off else []) + \
+        [f"fixed-{p}" for p in args.fixed.split(",") if p]
     out = {"samples": args.samples, "open_ms": args.open_ms, "epochs": args.epochs, "frontend": args.frontend,
            "rows": {}}
     with emulated_jpeg_folder(args.samples, args.open_ms, "stager-defaults-") as (work, mnt, daemon, _):
@@ -191,6 +199,8 @@ def main():
             line = f"epoch {e + 1}: defaults / {baseline} {med['defaults'][e] / med['dataloader'][e]:.2f}x"
             if best:
                 line += f", defaults / best fixed {med['defaults'][e] / best:.2f}x"
+            if "decoded-off" in med:
+                line += f", defaults / decoded-off {med['defaults'][e] / med['decoded-off'][e]:.2f}x"
             print(line)
         last = results["defaults"][-1]["timeline"]
         print("\nthe defaults' counts (last round): " + "; ".join(
