@@ -177,11 +177,8 @@ class Decoder(SampleDecoder):
         self.transforms = transforms
         self._tier = None
 
-    def use_decoded(self, tier):
-        if not _pure(self.template):
-            return False
-        self._tier = tier
-        return True
+    def keeps_decoded(self):
+        return _pure(self.template)
 
     def decode(self, path, index, epoch):
         if self._tier is None:

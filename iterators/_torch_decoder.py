@@ -82,12 +82,9 @@ class TorchDecoder(SampleDecoder):
         self._tier = None
         self.pure_loader = pure_loader
 
-    def use_decoded(self, tier):
-        """Takes the node's decoded tier where a dataset inside reads with a loader known to be pure."""
-        if any(self._keeps(kind, dataset) for kind, dataset in self.leaves):
-            self._tier = tier
-            return True
-        return False
+    def keeps_decoded(self):
+        """Whether a dataset inside reads with a loader known to be pure (or a protocol dataset that can keep)."""
+        return any(self._keeps(kind, dataset) for kind, dataset in self.leaves)
 
     def _keeps(self, kind, dataset):
         """Whether a dataset's samples go through the decoded tier: a pure loader, or a protocol dataset that can."""

@@ -215,8 +215,8 @@ def test_a_loader_of_the_users_own_keeps_no_decoded_copies_unless_declared_pure(
     assert report["decoded"]["samples_kept"] == report["decoded"]["samples_from_decoded"] == 0
     assert not os.listdir(os.path.join(tmp_path, "own", "local"))  # and the job's directory went with the run
     from stager.telemetry.summary import decoded_lines
-    assert decoded_lines(report) == [f"decoded copies: none kept: no loader known to be pure read the samples "
-                                     f"(room: {report['decoded']['note']})"]
+    assert decoded_lines(report) == ["decoded copies: none kept: the samples' loader is not one known to be pure "
+                                     "(docs/decoded.md)"]
     (tmp_path / "pure").mkdir()
     with StagedLoader(dataset, batch_size=5, shuffle=True, num_workers=2, pure_loader=True,
                       generator=torch.Generator().manual_seed(11), config=config(tmp_path / "pure", "on")) as dl:

@@ -24,14 +24,22 @@ class SampleDecoder:
         """The sample of catalog entry ``index``, from the file at ``path``, read in epoch ``epoch``."""
         raise NotImplementedError
 
+    def keeps_decoded(self):
+        """Whether this decoder's loader is a pure function of the file's bytes, whose results the decoded tier
+        (``staging.decoded``) may keep. By default: not."""
+        return False
+
     def use_decoded(self, tier):
         """Offered the node's ``decoded.DecodedTier`` in each reader: True where this decoder takes it.
 
-        A decoder takes it only for a loader whose result is a pure function
-        of the file's bytes, and calls ``tier.load(index, path, loader)``
-        where it would call ``loader(path)``. By default: not taken.
+        A decoder takes it where ``keeps_decoded()``, keeps it as ``_tier``,
+        and calls ``tier.load(index, path, loader)`` where it would call
+        ``loader(path)``.
         """
-        return False
+        if not self.keeps_decoded():
+            return False
+        self._tier = tier
+        return True
 
 
 class PathDecoder(SampleDecoder):
@@ -58,8 +66,7 @@ class ImageDecoder(SampleDecoder):
         self.rgb = image_rgb(options)
         self._tier = None
 
-    def use_decoded(self, tier):
-        self._tier = tier
+    def keeps_decoded(self):
         return True
 
     def decode(self, path, index, epoch):

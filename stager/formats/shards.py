@@ -267,11 +267,8 @@ class ShardDecoder(SampleDecoder):
         self._load = None
         self._tier = None
 
-    def use_decoded(self, tier):
-        if self.loader != "image":
-            return False
-        self._tier = tier
-        return True
+    def keeps_decoded(self):
+        return self.loader == "image"
 
     def start(self, worker, workers):
         from .files import resolve_loader  # the registry of loader names

@@ -60,9 +60,8 @@ def decoded_lines(report):
         return [f"decoded copies: {d['samples_from_decoded']} samples built from decoded copies, not decoded "
                 f"(their readers saved about {d['decoding_saved_s']:.1f} s); {d['samples_kept']} copies kept; "
                 f"room: {d['note']}"]
-    why = d["note"] if d["note"].startswith("none") or "off" in d["note"] else \
-        f"no loader known to be pure read the samples (room: {d['note']})"
-    return [f"decoded copies: none kept: {why}"]
+    note = d["note"]
+    return [f"decoded copies: none kept: {note[len('none: '):] if note.startswith('none: ') else note}"]
 
 
 def _reads(reads):

@@ -33,6 +33,7 @@ from ... import plan as planlib
 from ...cache import MAX_DEPTH, MIN_DEPTH, Cache, depth_note, fitting_depth, lookahead_depth, policy_name, window_bytes
 from ...catalog import agreed_catalog
 from ...decoded import create as create_tier, decoded_budget
+from ...formats import make_decoder
 from ...errors import ConfigError, StageError
 from ...sources import open_source
 from ...storage import JobDir, agreed_job_id, staging_capacity
@@ -249,7 +250,11 @@ class Startup:
         """On the node leader: makes the job's decoded tier (``staging.decoded``) where it has room and a use."""
         mode = self._staging.decoded
         budget, why = decoded_budget(mode, capacity, path, dataset_bytes)
-        if budget and spec is not None and getattr(spec, "epochs", 0) - getattr(spec.start, "epoch", 0) == 1:
+        options = {"hdf5_key": self._dataset.hdf5_key, "layout": self._dataset.layout}
+        decoder = make_decoder(self.catalog.sample_decoder(self._loader, options), options)
+        if budget and not getattr(decoder, "keeps_decoded", lambda: False)():
+            budget, why = 0, "none: the samples' loader is not one known to be pure (docs/decoded.md)"
+        elif budget and spec is not None and getattr(spec, "epochs", 0) - getattr(spec.start, "epoch", 0) == 1:
             budget, why = 0, "none: the plan reads each sample once"
         self.stats.decoded_note = why
         if budget:
