@@ -10,7 +10,8 @@
 # `stager bench`), Lightning and Accelerate (the stacks the PyTorch front end
 # is tested under), DLIO (MLPerf Storage's benchmark engine), MosaicML
 # Streaming (`dataset.format: mds`, whose tests write shards with Streaming's
-# own writer), MkDocs (the documentation site) and the test tools.
+# own writer), MkDocs (the documentation site) and the test tools; for the
+# tests, NVIDIA DALI too.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -53,7 +54,11 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_CONSTRAINT="$PWD/constraints.txt"
 export PIP_BUILD_CONSTRAINT="$PWD/constraints.txt" SETUPTOOLS_USE_DISTUTILS=stdlib
 .venv/bin/python -m pip install -q --upgrade pip "setuptools>=77.0.3,<81" wheel
 echo "bootstrap: installing stager and its dependencies into .venv"
-.venv/bin/python -m pip install -q -e ".[mpich,test,chainer,vision,bench,s3,stacks,docs,dlio,mds]"
+extras=mpich,test,chainer,vision,bench,s3,stacks,docs,dlio,mds
+# NVIDIA DALI (iterators.dali, the `dali` extra) is for the tests only: the
+# demo never needs its 424 MB wheel.
+if [ "$what" = test ]; then extras=$extras,dali; fi
+.venv/bin/python -m pip install -q -e ".[$extras]"
 # A .pth file in the venv's site-packages runs one line at the start of every
 # interpreter of this venv. import_hook NAME MODULE CHECK WHY writes NAME.pth,
 # which calls MODULE.install(), only where the Python statement CHECK fails
