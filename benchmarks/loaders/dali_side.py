@@ -24,7 +24,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -32,7 +31,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.join(REPO, "tests"))
 
-from torch_dropin import cpu_of, emulated_jpeg_folder  # noqa: E402  (the drop-in benchmark's)
+from torch_dropin import counted_run, emulated_jpeg_folder, jpeg_set_arguments  # noqa: E402  (the drop-in benchmark's)
 
 BATCH = 32
 METHODS = ("dali", "stager")
@@ -87,25 +86,11 @@ def one(args):
 
 def run(method, threads, mnt, backing, work, daemon, args):
     """``--one method`` in a fresh process, with the emulator's CPU and the source's opens over it."""
-    from helpers.opens import Opens
-
     local = os.path.join(work, f"local-{method}-{threads}-{args.open_ms:g}")
     os.mkdir(local)
-    before = cpu_of(daemon)
     cmd = [sys.executable, os.path.abspath(__file__), "--one", method, "--threads", str(threads), "--data", mnt,
            "--local", local, "--epochs", str(args.epochs)]
-    env = dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS="1")
-    with Opens(backing) as opens:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, env=env)
-        counted = opens.count()
-    if proc.returncode:
-        sys.exit(f"{method} threads={threads} failed:\n{proc.stdout}{proc.stderr}")
-    result = json.loads(proc.stdout.splitlines()[-1])
-    result["cpu"]["emulator"] = round(cpu_of(daemon) - before, 2)
-    result["opens"] = sum(counted.values())
-    result["files_opened"] = len(counted)
-    result["bytes_read"] = sum(n * os.path.getsize(os.path.join(backing, rel)) for rel, n in counted.items())
-    return result
+    return counted_run(cmd, backing, daemon, f"{method} threads={threads}")
 
 
 def main():
@@ -114,11 +99,7 @@ def main():
     parser.add_argument("--open-ms", default="10,20", help="the emulator's latency an open, ms (a list)")
     parser.add_argument("--threads", default="2,4", help="DALI's num_threads (a list)")
     parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--image-size", help="the JPEGs' sizes, as stager make-dataset takes them (mixed: "
-                                             "ImageNet's); default 256x256")
-    parser.add_argument("--bytes", type=int, default=115000, help="the (first size's) JPEG bytes")
-    parser.add_argument("--json", help="write the results here")
-    parser.add_argument("--show", help="print the tables of a saved --json file instead of measuring")
+    jpeg_set_arguments(parser)
     parser.add_argument("--one", help=argparse.SUPPRESS)
     parser.add_argument("--data", help=argparse.SUPPRESS)
     parser.add_argument("--local", help=argparse.SUPPRESS)

@@ -28,7 +28,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from torch_dropin import BATCH, emulated_jpeg_folder, run, transforms  # noqa: E402
+from torch_dropin import BATCH, emulated_jpeg_folder, jpeg_set_arguments, run, transforms  # noqa: E402
 
 METHODS = ("dataloader", "defaults", "off")
 
@@ -78,11 +78,7 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--order", default=",".join(METHODS),
                         help=f"the methods' order in each round (default {','.join(METHODS)})")
-    parser.add_argument("--image-size", help="the JPEGs' sizes, as stager make-dataset takes them (mixed: "
-                                             "ImageNet's); default 256x256")
-    parser.add_argument("--bytes", type=int, default=115000, help="the (first size's) JPEG bytes")
-    parser.add_argument("--json", help="write the results here")
-    parser.add_argument("--show", help="print the tables of a saved --json file instead of measuring")
+    jpeg_set_arguments(parser)
     parser.add_argument("--one", help=argparse.SUPPRESS)
     parser.add_argument("--n", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--data", help=argparse.SUPPRESS)

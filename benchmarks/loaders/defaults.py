@@ -32,7 +32,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -41,7 +40,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.join(REPO, "tests"))
 
-from torch_dropin import cpu_of, emulated_jpeg_folder, one_run_arguments, timed_epochs  # noqa: E402  (the drop-in benchmark's)
+from torch_dropin import counted_run, emulated_jpeg_folder, one_run_arguments, timed_epochs  # noqa: E402  (the drop-in benchmark's)
 
 BATCH = 32
 
@@ -122,23 +121,10 @@ def one(args):
 
 def run(method, n, mnt, backing, work, daemon, args):
     """One method in a fresh process; adds the emulator's CPU and the source's opens in the first epoch."""
-    from helpers.opens import Opens
-
     local = tempfile.mkdtemp(prefix=f"local-{method}-", dir=work)
-    before = cpu_of(daemon)
     cmd = [sys.executable, os.path.abspath(__file__), "--one", method, "--n", str(n), "--data", mnt,
            "--local", local, "--epochs", str(args.epochs), "--frontend", args.frontend]
-    env = dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS="1")
-    with Opens(backing) as opens:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, env=env)
-        counted = opens.count()
-    if proc.returncode:
-        sys.exit(f"{method} N={n} failed:\n{proc.stdout}{proc.stderr}")
-    result = json.loads(proc.stdout.splitlines()[-1])
-    result["cpu"]["emulator"] = round(cpu_of(daemon) - before, 2)
-    result["opens"] = sum(counted.values())
-    result["files_opened"] = len(counted)
-    return result
+    return counted_run(cmd, backing, daemon, f"{method} N={n}")
 
 
 def median_epochs(results):

@@ -164,6 +164,36 @@ def run(method, n, mnt, local, daemon, args, script=__file__):
     return result
 
 
+def counted_run(cmd, backing, daemon, what):
+    """Runs a method's process (``cmd``) and returns its JSON, with the emulator's CPU seconds over the run and the
+    opens of the source's files (inotify on ``backing``, the files behind the emulator) added."""
+    sys.path.insert(0, os.path.join(REPO, "tests"))
+    from helpers.opens import Opens
+
+    before = cpu_of(daemon)
+    env = dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS="1")
+    with Opens(backing) as opens:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, env=env)
+        counted = opens.count()
+    if proc.returncode:
+        sys.exit(f"{what} failed:\n{proc.stdout}{proc.stderr}")
+    result = json.loads(proc.stdout.splitlines()[-1])
+    result["cpu"]["emulator"] = round(cpu_of(daemon) - before, 2)
+    result["opens"] = sum(counted.values())
+    result["files_opened"] = len(counted)
+    result["bytes_read"] = sum(n * os.path.getsize(os.path.join(backing, rel)) for rel, n in counted.items())
+    return result
+
+
+def jpeg_set_arguments(parser):
+    """The JPEG set's options (sizes and bytes) and the saved results' (``--json``, ``--show``)."""
+    parser.add_argument("--image-size", help="the JPEGs' sizes, as stager make-dataset takes them (mixed: "
+                                             "ImageNet's); default 256x256")
+    parser.add_argument("--bytes", type=int, default=115000, help="the (first size's) JPEG bytes")
+    parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--show", help="print the tables of a saved --json file instead of measuring")
+
+
 def one_run_arguments(parser):
     """The arguments a method's own process gets (``--one``: which method), hidden from ``--help``."""
     parser.add_argument("--one", help=argparse.SUPPRESS)
