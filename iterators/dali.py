@@ -25,99 +25,38 @@ framework iterators follow that when given no ``reader_name`` (an external
 source has no reader metadata). Resume is DALI's own checkpointing
 (``enable_checkpointing=True``, ``pipe.checkpoint()``, ``checkpoint=``): it
 saves the source's epoch and iteration, and the reader restarts the
-staging at that place of the plan. docs/dali.md says more.
+staging at that place of the plan. ``webdataset`` does the same in place
+of ``fn.readers.webdataset``, for tar shards. docs/dali.md says more.
 
 Needs the ``dali`` extra (``pip install 'stager[dali]'``).
 """
 
-import weakref
-
 try:
     from nvidia.dali import fn, types
-    from nvidia.dali.pipeline import Pipeline as DaliPipeline
 except ImportError as exc:  # pragma: no cover - the extra is installed where the tests run
     raise ImportError("iterators.dali needs NVIDIA DALI: pip install 'stager[dali]' (nvidia-dali-cuda120)") from exc
 
-import torch
-
-from stager import plan as planlib
-from stager.world import detect
+import numpy as np
 
 from . import _dali_files
-from ._source import staging_settings
-from .pytorch import StagedLoader
+from ._dali_shards import EncodedParts
+from ._dali_shards import collate as collate_parts
+from ._dali_source import StagedSource, readers, staged_source
 
-__all__ = ["reader", "readers", "StagedSource"]
+__all__ = ["reader", "readers", "webdataset", "StagedSource"]
 
 READERS = 2  # reader processes of a rank: they only read the staged bytes, DALI's threads decode
-# fn.readers.file's arguments that tune how DALI's own loader reads; stager stages and reads instead.
+# The readers' arguments that tune how DALI's own loader reads; stager stages and reads instead.
 LOADER_TUNING = ("initial_fill", "read_ahead", "prefetch_queue_depth", "dont_use_mmap", "lazy_init",
                  "tensor_init_bytes", "skip_cached_images", "bytes_per_sample_hint", "preserve")
-# The pipelines' staged sources, so that readers(pipe) finds them; a pipeline's entry goes with it.
-_OF_PIPELINE = weakref.WeakKeyDictionary()
 
 
-class StagedSource:
-    """The callable DALI's external source calls for each batch: this rank's minibatches, staged.
-
-    Args:
-        loader: The ``StagedLoader`` over the reader's files.
-    """
-
-    def __init__(self, loader):
-        self.loader = loader
-        self._batches = None     # the iteration of the epoch being delivered
-        self._next = (0, 0)      # (epoch, iteration) that iteration delivers next
-
-    def __call__(self, info):
-        wanted = (int(info.epoch_idx), int(info.iteration))
-        if self._batches is None or wanted != self._next:
-            self._seek(*wanted)
-        try:
-            data, labels = next(self._batches)
-        except StopIteration:
-            self._batches, self._next = None, (wanted[0] + 1, 0)
-            raise
-        self._next = (wanted[0], wanted[1] + 1)
-        return data, labels
-
-    def _seek(self, epoch, iteration):
-        """Starts delivering epoch ``epoch`` at its minibatch ``iteration`` (DALI's reset or checkpoint)."""
-        if self._batches is not None:
-            self._batches.close()
-            self._batches = None
-        loader = self.loader
-        if iteration >= len(loader):
-            self._next = (epoch + 1, 0)
-            raise StopIteration
-        span = loader.batch_size * loader.world.size
-        position = planlib.Position(epoch, min(iteration * span, len(loader.catalog)))
-        if loader.state_dict() != planlib.resume_state(position, len(loader.catalog), loader.config.plan,
-                                                       loader.world.size):
-            loader.load_state_dict(planlib.resume_state(position, len(loader.catalog), loader.config.plan,
-                                                        loader.world.size))
-        self._batches = iter(loader)
-        self._next = (epoch, iteration)
-
-    def __len__(self):
-        """Batches of one epoch on this rank."""
-        return len(self.loader)
-
-    @property
-    def stats(self):
-        """The staging pipeline's ``stager.telemetry.Stats``, or None before the first batch."""
-        return self.loader.stats
-
-    def report(self, path=None):
-        """The stall report (``StagedLoader.report``): collective under several ranks; rank 0 writes ``path``."""
-        return self.loader.report(path)
-
-    def close(self):
-        """Stops the staging (prefetchers and readers); safe twice. A pipeline's end does it too."""
-        if self._batches is not None:
-            self._batches.close()
-            self._batches = None
-        self.loader.close()
+def _refuse_unknown(what, given, own):
+    unknown = sorted(set(given) - set(LOADER_TUNING))
+    if unknown:
+        dalis = "file" if what == "reader" else what
+        raise TypeError(f"{what}() got unexpected arguments {unknown}: it takes fn.readers.{dalis}'s arguments "
+                        f"({own}, random_shuffle, seed, num_shards, shard_id, ...) and num_workers, config, world")
 
 
 def _files(file_root, files, labels, file_list, file_filters, dir_filters, case_sensitive_filter):
@@ -131,16 +70,6 @@ def _files(file_root, files, labels, file_list, file_filters, dir_filters, case_
         raise ValueError("reader needs file_root, files or file_list, as fn.readers.file")
     rels, found = _dali_files.tree(file_root, file_filters, dir_filters, case_sensitive_filter)
     return [f"{file_root}/{rel}" for rel in rels], found
-
-
-def _check_shards(num_shards, shard_id, world):
-    if num_shards is None and shard_id is None:
-        return
-    shards, shard = num_shards if num_shards is not None else 1, shard_id if shard_id is not None else 0
-    if (shards, shard) != (world.size, world.rank):
-        raise ValueError(f"num_shards={shards}, shard_id={shard} but stager runs this process as rank "
-                         f"{world.rank} of {world.size} ({world.source}): stager splits each epoch among its "
-                         f"ranks itself, so leave num_shards and shard_id out or give the rank and size")
 
 
 def reader(*, file_root=None, files=None, labels=None, file_list=None, file_filters=_dali_files.FILE_FILTERS,
@@ -188,36 +117,57 @@ def reader(*, file_root=None, files=None, labels=None, file_list=None, file_filt
         TypeError: An argument ``fn.readers.file`` does not take, naming it.
         FileNotFoundError: A root, list or file that cannot be read, named.
     """
-    unknown = sorted(set(loader_tuning) - set(LOADER_TUNING))
-    if unknown:
-        raise TypeError(f"reader() got unexpected arguments {unknown}: it takes fn.readers.file's arguments "
-                        f"(file_root, files, labels, file_list, file_filters, dir_filters, case_sensitive_filter, "
-                        f"random_shuffle, shuffle_after_epoch, seed, num_shards, shard_id, ...) and num_workers, "
-                        f"config, world")
-    if stick_to_shard:
-        raise ValueError("stick_to_shard=True: stager splits each epoch's permutation of the whole dataset among "
-                         "the ranks; a rank that keeps its shard is a fixed split, which stager does not make")
-    pipe = DaliPipeline.current()
-    if pipe is None:
-        raise RuntimeError("iterators.dali.reader() builds a DALI operator: call it inside a function decorated "
-                           "with @pipeline_def, or under `with pipe:`")
-    paths, found = _files(file_root, files, labels, file_list, file_filters, dir_filters, case_sensitive_filter)
-    base = staging_settings(config)
-    world = world if world is not None else detect(base.world.mpi, base.world.backend)
-    _check_shards(num_shards, shard_id, world)
-    seeds = [s for s in (seed, shuffle_after_epoch_seed) if s is not None and s != -1]
-    order_seed = int(seeds[0]) if seeds else base.plan.seed
-    loader = StagedLoader(_dali_files.EncodedFiles(paths, found), batch_size=pipe.max_batch_size,
-                          shuffle=bool(random_shuffle or shuffle_after_epoch), num_workers=num_workers,
-                          collate_fn=_dali_files.collate, generator=torch.Generator().manual_seed(order_seed),
-                          config=base, world=world)
-    source = StagedSource(loader)
-    _OF_PIPELINE.setdefault(pipe, []).append(source)
-    weakref.finalize(pipe, source.close)
+    _refuse_unknown("reader", loader_tuning, "file_root, files, labels, file_list, file_filters, dir_filters, "
+                    "case_sensitive_filter")
+    source = staged_source(
+        lambda: _dali_files.EncodedFiles(*_files(file_root, files, labels, file_list, file_filters, dir_filters,
+                                                 case_sensitive_filter)),
+        _dali_files.collate, "reader", shuffle=bool(random_shuffle or shuffle_after_epoch),
+        seeds=(seed, shuffle_after_epoch_seed), num_shards=num_shards, shard_id=shard_id,
+        stick_to_shard=stick_to_shard, num_workers=num_workers, config=config, world=world)
     return fn.external_source(source=source, num_outputs=2, batch=True, batch_info=True,
                               dtype=[types.UINT8, types.INT32], ndim=[1, 1])
 
 
-def readers(pipe):
-    """The ``StagedSource`` of each ``reader`` in a pipeline: its ``stats``, ``report()`` and ``close()``."""
-    return list(_OF_PIPELINE.get(pipe, ()))
+def webdataset(*, paths, ext, index_paths=None, missing_component_behavior="", dtypes=None,
+               case_sensitive_extensions=True, random_shuffle=False, seed=-1, num_shards=None, shard_id=None,
+               stick_to_shard=False, pad_last_batch=False, name=None, num_workers=READERS, config=None, world=None,
+               **loader_tuning):
+    """``fn.readers.webdataset``'s outputs for tar shards, read through stager: call it in a pipeline's definition.
+
+    Each shard is staged once for all its samples (``ShardDataset``), and a
+    shuffled epoch reads shard by shard (the ``shards`` shuffle, within a
+    window of 8 shards), as sharded readers do.
+
+    Args (``fn.readers.webdataset``'s, with what each means here):
+        paths: The tar shards, read in this order when not shuffled.
+        ext: Each output's part (the member name after the first dot of its
+            base name), matched without regard to case. Every sample must
+            hold each part; alternatives (``"jpg;png"``) are refused.
+        dtypes: Each output's type (DALI's or numpy's); default ``uint8``.
+        missing_component_behavior: Accepted: a sample without one of the
+            parts is refused when the reader is built, naming its shard.
+        index_paths, case_sensitive_extensions: Accepted and unused (stager
+            indexes the shards' headers itself, its parts lower-cased).
+        random_shuffle, seed, num_shards, shard_id, stick_to_shard,
+            pad_last_batch, name, and the loader's tuning: as ``reader``.
+
+    Keyword-only, stager's own: ``num_workers``, ``config``, ``world``, as ``reader``.
+
+    Returns:
+        One output per ``ext``: the external source's outputs.
+    """
+    _refuse_unknown("webdataset", loader_tuning, "paths, ext, index_paths, missing_component_behavior, dtypes")
+    numpy_types = None if dtypes is None else [_numpy_type(d) for d in (dtypes if isinstance(dtypes, (list, tuple))
+                                                                        else [dtypes])]
+    source = staged_source(lambda: EncodedParts(paths, ext, numpy_types), collate_parts, "webdataset",
+                           shuffle=bool(random_shuffle), seeds=(seed,), num_shards=num_shards, shard_id=shard_id,
+                           stick_to_shard=stick_to_shard, num_workers=num_workers, config=config, world=world)
+    parts = source.loader.dataset.parts
+    return fn.external_source(source=source, num_outputs=len(parts), batch=True, batch_info=True,
+                              dtype=[types.to_dali_type(t) for t in source.loader.dataset.dtypes],
+                              ndim=[1] * len(parts))
+
+
+def _numpy_type(dtype):
+    return types.to_numpy_type(dtype) if isinstance(dtype, types.DALIDataType) else np.dtype(dtype)

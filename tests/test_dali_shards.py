@@ -1,0 +1,139 @@
+"""iterators.dali.webdataset: tar shards (written by the webdataset library) read as DALI's own reader reads them.
+
+DALI's ``fn.readers.webdataset`` is the reference for the outputs and their
+order; an inotify count behind the emulator shows each shard fetched once.
+"""
+
+import os
+
+import numpy as np
+import pytest
+
+pytest.importorskip("nvidia.dali")
+webdataset_lib = pytest.importorskip("webdataset")
+from nvidia.dali import fn, pipeline_def, types  # noqa: E402
+
+from iterators.dali import readers, webdataset  # noqa: E402
+from stager.slowfs import SlowFS  # noqa: E402
+
+from helpers.opens import Opens  # noqa: E402
+
+BATCH = 4
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    """Three shards of 5, 6 and 7 samples (one in a subdirectory) and one more the readers are not given."""
+    root = tmp_path_factory.mktemp("wds")
+    (root / "sub").mkdir()
+    rng = np.random.default_rng(3)
+    paths = []
+    for n, (rel, count) in enumerate([("b.tar", 5), ("sub/a.tar", 6), ("c.tar", 7), ("other.tar", 2)]):
+        with webdataset_lib.TarWriter(str(root / rel)) as sink:
+            for k in range(count):
+                sink.write({"__key__": f"s{n}-{k:03d}", "jpg": rng.bytes(int(rng.integers(10, 90))),
+                            "cls": str(k % 3).encode(), "idx": np.int32(100 * n + k).tobytes()})
+        paths.append(str(root / rel))
+    return str(root), paths[:3]
+
+
+def _epochs(pipe, epochs):
+    out = []
+    for _ in range(epochs):
+        got = []
+        try:
+            while True:
+                outputs = pipe.run()
+                got += [tuple(bytes(np.array(o.at(k))) for o in outputs) for k in range(len(outputs[0]))]
+        except StopIteration:
+            pipe.reset()
+        out.append(got)
+    return out
+
+
+def test_unshuffled_the_outputs_and_their_order_are_dalis_own(tmp_path, shards):
+    _, paths = shards
+    given = [paths[2], paths[0], paths[1]]  # not sorted: the order given is the order read
+
+    @pipeline_def(batch_size=BATCH, num_threads=1, device_id=None)
+    def own():
+        return tuple(fn.readers.webdataset(paths=given, ext=["jpg", "cls"], name="R"))
+
+    @pipeline_def(batch_size=BATCH, num_threads=1, device_id=None)
+    def staged():
+        return tuple(webdataset(paths=given, ext=["jpg", "cls"], name="R",
+                                config={"staging": {"local_dir": str(tmp_path / "local")}}))
+
+    reference = own()
+    reference.build()
+    size = reference.reader_meta("R")["epoch_size"]
+    want = []
+    while len(want) < size:
+        outputs = reference.run()
+        want += [tuple(bytes(np.array(o.at(k))) for o in outputs) for k in range(len(outputs[0]))]
+    pipe = staged()
+    pipe.build()
+    try:
+        got = _epochs(pipe, 1)[0]
+    finally:
+        for source in readers(pipe):
+            source.close()
+    assert size == 18 and got == want[:size]
+
+
+def test_shuffled_epochs_give_each_sample_once_with_its_types_and_fetch_each_shard_once(tmp_path, shards):
+    root, paths = shards
+    (tmp_path / "mnt").mkdir()
+    with SlowFS(root, str(tmp_path / "mnt"), open_ms=2.0) as mnt, Opens(root) as opens:
+        mounted = [os.path.join(mnt, os.path.relpath(p, root)) for p in paths]
+
+        @pipeline_def(batch_size=BATCH, num_threads=1, device_id=None)
+        def staged():
+            return tuple(webdataset(paths=mounted, ext=["idx", "CLS"], dtypes=[types.INT32, np.uint8],
+                                    random_shuffle=True, seed=4,
+                                    config={"staging": {"local_dir": str(tmp_path / "local")}}))
+
+        pipe = staged()
+        pipe.build()
+        try:
+            epochs = _epochs(pipe, 2)
+        finally:
+            for source in readers(pipe):
+                source.close()
+        counts = opens.count()
+    expected = sorted(100 * n + k for n, count in enumerate([5, 6, 7]) for k in range(count))
+    for epoch in epochs:
+        values = [int(np.frombuffer(idx, np.int32)[0]) for idx, _ in epoch]
+        assert sorted(values) == expected
+        assert all(cls == str(v % 100 % 3).encode() for v, (_, cls) in zip(values, epoch))
+    assert epochs[0] != epochs[1]
+    # Every shard under the paths' directory has its headers read once when the catalog is made (stager's tar
+    # index, as DALI's own reader indexes each archive); a shard the reader is given is then fetched once.
+    assert dict(counts) == {**{os.path.relpath(p, root): 2 for p in paths}, "other.tar": 1}
+    assert os.listdir(tmp_path / "local") == []
+
+
+def test_what_is_not_served_is_refused_naming_it(tmp_path, shards):
+    root, paths = shards
+    config = {"staging": {"local_dir": str(tmp_path / "local")}}
+
+    def build(**args):
+        @pipeline_def(batch_size=BATCH, num_threads=1, device_id=None)
+        def staged():
+            return tuple(webdataset(config=config, **args))
+        return staged()
+
+    with pytest.raises(ValueError, match="jpg;png"):
+        build(paths=paths, ext=["jpg;png", "cls"])
+    with pytest.raises(FileNotFoundError, match="missing.tar"):
+        build(paths=paths + [os.path.join(root, "missing.tar")], ext=["jpg"])
+    with pytest.raises(Exception, match="no txt part"):
+        build(paths=paths, ext=["jpg", "txt"])
+    with pytest.raises(ValueError, match="not a whole number"):
+        pipe = build(paths=paths, ext=["jpg"], dtypes=[types.INT64])
+        try:
+            pipe.build()
+            _epochs(pipe, 1)
+        finally:
+            for source in readers(pipe):
+                source.close()
