@@ -25,6 +25,7 @@ from iterators.dali import reader, readers  # noqa: E402
 from stager.job.synth import make_dataset  # noqa: E402
 from stager.slowfs import SlowFS  # noqa: E402
 
+from helpers.dali_runs import epochs as run_epochs  # noqa: E402
 from helpers.opens import Opens  # noqa: E402
 
 BATCH = 5
@@ -51,21 +52,12 @@ def _source_files(root):
     return out
 
 
-def _epochs(pipe, epochs, decoded=False):
+def _epochs(pipe, count, decoded=False):
     """Each epoch's samples: (digest of the bytes, label[, DALI's decoded image])."""
-    out = []
-    for _ in range(epochs):
-        got = []
-        try:
-            while True:
-                outputs = pipe.run()
-                for k in range(len(outputs[0])):
-                    sample = (_digest(outputs[0].at(k)), int(outputs[1].at(k)[0]))
-                    got.append(sample + ((np.array(outputs[2].at(k)),) if decoded else ()))
-        except StopIteration:
-            pipe.reset()
-        out.append(got)
-    return out
+    def sample(outputs, k):
+        head = (_digest(outputs[0].at(k)), int(outputs[1].at(k)[0]))
+        return head + ((np.array(outputs[2].at(k)),) if decoded else ())
+    return run_epochs(pipe, count, sample)
 
 
 def _config(tmp_path):

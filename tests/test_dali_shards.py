@@ -16,6 +16,7 @@ from nvidia.dali import fn, pipeline_def, types  # noqa: E402
 from iterators.dali import readers, webdataset  # noqa: E402
 from stager.slowfs import SlowFS  # noqa: E402
 
+from helpers.dali_runs import epochs as run_epochs  # noqa: E402
 from helpers.opens import Opens  # noqa: E402
 
 BATCH = 4
@@ -37,18 +38,8 @@ def shards(tmp_path_factory):
     return str(root), paths[:3]
 
 
-def _epochs(pipe, epochs):
-    out = []
-    for _ in range(epochs):
-        got = []
-        try:
-            while True:
-                outputs = pipe.run()
-                got += [tuple(bytes(np.array(o.at(k))) for o in outputs) for k in range(len(outputs[0]))]
-        except StopIteration:
-            pipe.reset()
-        out.append(got)
-    return out
+def _epochs(pipe, count):
+    return run_epochs(pipe, count, lambda outputs, k: tuple(bytes(np.array(o.at(k))) for o in outputs))
 
 
 def test_unshuffled_the_outputs_and_their_order_are_dalis_own(tmp_path, shards):
