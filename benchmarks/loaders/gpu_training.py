@@ -13,6 +13,13 @@ the same arguments and nothing else set. A few steps on random tensors warm
 the GPU up before the clock starts. Per epoch: the wall time, the time the
 loop waited in ``next()`` (the stall), the GPU's time in steps (each
 synchronised), and images per second; the GPU's step alone sets the bound.
+
+With the ``dali`` extra, two more ways (``--methods dali-file,dali-stager``):
+a DALI pipeline with ``--workers`` threads that decodes on the GPU
+(``fn.decoders.image_random_crop(device="mixed")``, or ``--dali-device
+cpu``), resizes to 224x224 and normalises with a random mirror, read by
+DALI's ``fn.readers.file`` or by the one line changed, ``iterators.dali.reader``
+(docs/dali.md), and handed to the same loop by ``DALIGenericIterator``.
 """
 
 import argparse
@@ -61,7 +68,9 @@ def one(args):
         step(torch.randn(args.batch, 3, 224, 224), torch.randint(0, 10, (args.batch,)))
     train = ImageFolder(args.data, transform=transforms())
     common = dict(batch_size=args.batch, shuffle=True, num_workers=args.n, pin_memory=not args.no_pin)
-    if args.one == "dataloader":
+    if args.one.startswith("dali"):
+        loader = dali_loader(args, device)
+    elif args.one == "dataloader":
         loader = DataLoader(train, persistent_workers=True, **common)
     else:  # the one-line change: DataLoader's arguments, stager's defaults
         loader = StagedLoader(train, config={"staging": {"local_dir": args.local}}, **common)
@@ -83,7 +92,12 @@ def one(args):
         wall = time.perf_counter() - begin
         assert samples == len(train), (samples, len(train))
         epochs.append({"wall_s": wall, "stall_s": waited, "gpu_s": gpu, "images_per_s": samples / wall})
-    if hasattr(loader, "close"):
+    if args.one == "dali-stager":
+        from iterators.dali import readers
+
+        for source in readers(loader.pipe):
+            source.close()
+    elif hasattr(loader, "close"):
         if args.report:
             loader.report(args.report)
         loader.close()
@@ -91,9 +105,50 @@ def one(args):
     print(json.dumps({"epochs": epochs, "device": name, "torch": torch.__version__}))
 
 
+def dali_loader(args, device):
+    """DALI's pipeline over ``fn.readers.file`` (``dali-file``) or ``iterators.dali.reader`` (``dali-stager``):
+    an iterable of ``(images, labels)`` each epoch, and the samples of an epoch."""
+    from nvidia.dali import fn, pipeline_def, types
+    from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
+
+    from iterators.dali import reader
+
+    on_gpu = args.dali_device == "mixed"
+
+    @pipeline_def(batch_size=args.batch, num_threads=args.n, device_id=0 if on_gpu else None, seed=0)
+    def train():
+        if args.one == "dali-file":
+            jpegs, labels = fn.readers.file(file_root=args.data, random_shuffle=True, name="Reader")
+        else:
+            jpegs, labels = reader(file_root=args.data, random_shuffle=True, name="Reader",
+                                   config={"staging": {"local_dir": args.local}})
+        images = fn.decoders.image_random_crop(jpegs, device=args.dali_device, output_type=types.RGB)
+        images = fn.resize(images, resize_x=224, resize_y=224)
+        images = fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW",
+                                          mean=[0.485 * 255, 0.456 * 255, 0.406 * 255],
+                                          std=[0.229 * 255, 0.224 * 255, 0.225 * 255], mirror=fn.random.coin_flip())
+        return images, labels.gpu() if on_gpu else labels
+
+    pipe = train()
+    # DALI's reader names its epoch's size; an external source ends its epochs itself (StopIteration).
+    named = {"reader_name": "Reader"} if args.one == "dali-file" else {}
+    batches = DALIGenericIterator(pipe, ["images", "labels"], last_batch_policy=LastBatchPolicy.PARTIAL,
+                                  auto_reset=True, **named)
+
+    class Epochs:
+        def __iter__(self):
+            for [batch] in batches:
+                yield batch["images"].to(device), batch["labels"].reshape(-1).long().to(device)
+
+    epochs = Epochs()
+    epochs.pipe = pipe
+    return epochs
+
+
 def run(method, args, mnt, local):
     cmd = [sys.executable, os.path.abspath(__file__), "--one", method, "--data", mnt, "--local", local,
-           "--n", str(args.workers), "--epochs", str(args.epochs), "--batch", str(args.batch), "--device", args.device]
+           "--n", str(args.workers), "--epochs", str(args.epochs), "--batch", str(args.batch), "--device", args.device,
+           "--dali-device", args.dali_device]
     cmd += ["--no-pin"] if args.no_pin else []
     if args.report_dir and method != "dataloader":
         cmd += ["--report", os.path.join(args.report_dir, f"{method}-b{args.batch}{'-nopin' if args.no_pin else ''}.json")]
@@ -116,7 +171,9 @@ def main():
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--device", default="cuda", help="cuda; cpu only to try the script without a GPU")
-    parser.add_argument("--methods", default="dataloader,stagedloader")
+    parser.add_argument("--methods", default="dataloader,stagedloader",
+                        help="of dataloader, stagedloader, dali-file, dali-stager (the last two: the dali extra)")
+    parser.add_argument("--dali-device", default="mixed", help="where DALI decodes: mixed (the GPU's nvJPEG) or cpu")
     parser.add_argument("--no-pin", action="store_true", help="pin_memory=False in both loaders")
     parser.add_argument("--report-dir", help="write StagedLoader's report (loader.report) here")
     parser.add_argument("--report", help=argparse.SUPPRESS)
