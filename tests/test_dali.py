@@ -240,3 +240,14 @@ def test_dalis_pytorch_iterator_reads_every_sample_each_epoch_without_a_reader_n
             assert sorted(seen) == sorted((d, label) for d, (_, label) in files.items())
     finally:
         _close(pipe)
+
+
+def test_under_two_mpi_ranks_the_ranks_share_each_epoch(tmp_path):
+    """The rank-level test (tests/mpi/test_dali_ranks.py) in a job of 2 ranks, as CI runs it at 1 and 4."""
+    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run([mpiexec, "-n", "2", sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           os.path.join("tests", "mpi", "test_dali_ranks.py")], capture_output=True, text=True,
+                          timeout=300, cwd=repo, env=dict(os.environ, TMPDIR=str(tmp_path)))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.count("1 passed") == 2
