@@ -15,7 +15,7 @@ from PIL import Image
 from torch.utils.data import DataLoader
 
 from iterators.pytorch import StagedLoader  # first: it makes torchvision importable beside a CPU-only torch
-from stager.decoded import CorruptRecord, DecodedTier, create, decoded_budget, pack, unpack
+from stager.decoded import CorruptRecord, DecodedTier, create, decoded_budget, pack, tier_choice, unpack
 from stager.decoded.tier import DIR
 
 from conftest import size_limited_tmpfs
@@ -331,3 +331,13 @@ def test_a_jobs_image_shards_are_kept_decoded_in_the_chw_layout_it_asks_for(jpeg
                    for k in want)
     assert len(got) == EPOCHS * len(catalog)
     assert_kept_and_built(decoded, len(catalog))
+
+
+def test_the_tier_choice_asks_the_local_disk_only_for_a_tier_that_may_be_made(tmp_path):
+    gone = str(tmp_path / "never-made")  # the disk's answer would be an error: none is asked for below
+    assert tier_choice("auto", False, False, None, gone, 100) == (
+        0, "none: the samples' loader is not one known to be pure (docs/decoded.md)")
+    assert tier_choice("on", True, True, None, gone, 100) == (0, "none: the plan reads each sample once")
+    assert tier_choice("off", False, True, None, gone, 100) == (0, "staging.decoded is off")
+    with pytest.raises(OSError):
+        tier_choice("auto", True, False, None, gone, 100)

@@ -14,6 +14,24 @@ from ..storage import free_share
 MIN_ROOM = 1 << 20  # less is not worth a tier: one segment of the smallest size
 
 
+def tier_choice(mode, pure, once, capacity, job_dir, dataset_bytes):
+    """``(bytes, why)`` for a job: no tier where it is off, its loader not pure or its plan one epoch; else its room.
+
+    The cheap reasons come first: only a tier that may be made looks at the
+    local file system (``decoded_budget``).
+
+    Args:
+        pure: The samples' loader is known to be pure (``SampleDecoder.keeps_decoded``).
+        once: The plan reads each sample once.
+        Others: As ``decoded_budget``.
+    """
+    if mode != "off" and not pure:
+        return 0, "none: the samples' loader is not one known to be pure (docs/decoded.md)"
+    if mode != "off" and once:
+        return 0, "none: the plan reads each sample once"
+    return decoded_budget(mode, capacity, job_dir, dataset_bytes)
+
+
 def decoded_budget(mode, capacity, job_dir, dataset_bytes):
     """``(bytes, why)``: the decoded tier's room on this node, and the sentence that says how it was chosen.
 

@@ -32,7 +32,7 @@ from ..workers.pool import WorkerPool, children_skip_mpi
 from ... import plan as planlib
 from ...cache import MAX_DEPTH, MIN_DEPTH, Cache, depth_note, fitting_depth, lookahead_depth, policy_name, window_bytes
 from ...catalog import agreed_catalog
-from ...decoded import create as create_tier, decoded_budget
+from ...decoded import create as create_tier, tier_choice
 from ...formats import make_decoder
 from ...errors import ConfigError, StageError
 from ...sources import open_source
@@ -249,13 +249,11 @@ class Startup:
     def _decoded_tier(self, path, spec, capacity, dataset_bytes):
         """On the node leader: makes the job's decoded tier (``staging.decoded``) where it has room and a use."""
         mode = self._staging.decoded
-        budget, why = decoded_budget(mode, capacity, path, dataset_bytes)
         options = {"hdf5_key": self._dataset.hdf5_key, "layout": self._dataset.layout}
         decoder = make_decoder(self.catalog.sample_decoder(self._loader, options), options)
-        if budget and not getattr(decoder, "keeps_decoded", lambda: False)():
-            budget, why = 0, "none: the samples' loader is not one known to be pure (docs/decoded.md)"
-        elif budget and spec is not None and getattr(spec, "epochs", 0) - getattr(spec.start, "epoch", 0) == 1:
-            budget, why = 0, "none: the plan reads each sample once"
+        once = spec is not None and getattr(spec, "epochs", 0) - getattr(spec.start, "epoch", 0) == 1
+        budget, why = tier_choice(mode, getattr(decoder, "keeps_decoded", lambda: False)(), once, capacity, path,
+                                  dataset_bytes)
         self.stats.decoded_note = why
         if budget:
             log.info("stager: staging.decoded %s: %s", mode, why)
