@@ -26,7 +26,9 @@ source has no reader metadata). Resume is DALI's own checkpointing
 (``enable_checkpointing=True``, ``pipe.checkpoint()``, ``checkpoint=``): it
 saves the source's epoch and iteration, and the reader restarts the
 staging at that place of the plan. ``webdataset`` does the same in place
-of ``fn.readers.webdataset``, for tar shards. docs/dali.md says more.
+of ``fn.readers.webdataset``, for tar shards, and ``shards`` for the tar or
+MosaicML Streaming (MDS) shards of a ``ShardDataset`` source, whose columns
+DALI has no reader of. docs/dali.md says more.
 
 Needs the ``dali`` extra (``pip install 'stager[dali]'``).
 """
@@ -43,7 +45,7 @@ from ._dali_shards import EncodedParts
 from ._dali_shards import collate as collate_parts
 from ._dali_source import StagedSource, readers, staged_source
 
-__all__ = ["reader", "readers", "webdataset", "StagedSource"]
+__all__ = ["reader", "readers", "shards", "webdataset", "StagedSource"]
 
 READERS = 2  # reader processes of a rank: they only read the staged bytes, DALI's threads decode
 # The readers' arguments that tune how DALI's own loader reads; stager stages and reads instead.
@@ -158,16 +160,51 @@ def webdataset(*, paths, ext, index_paths=None, missing_component_behavior="", d
         One output per ``ext``: the external source's outputs.
     """
     _refuse_unknown("webdataset", loader_tuning, "paths, ext, index_paths, missing_component_behavior, dtypes")
-    numpy_types = None if dtypes is None else [_numpy_type(d) for d in (dtypes if isinstance(dtypes, (list, tuple))
-                                                                        else [dtypes])]
-    source = staged_source(lambda: EncodedParts(paths, ext, numpy_types), collate_parts, "webdataset",
+    source = staged_source(lambda: EncodedParts.tar(paths, ext, _numpy_types(dtypes)), collate_parts, "webdataset",
                            shuffle=bool(random_shuffle), seeds=(seed,), num_shards=num_shards, shard_id=shard_id,
                            stick_to_shard=stick_to_shard, num_workers=num_workers, config=config, world=world)
-    parts = source.loader.dataset.parts
-    return fn.external_source(source=source, num_outputs=len(parts), batch=True, batch_info=True,
-                              dtype=[types.to_dali_type(t) for t in source.loader.dataset.dtypes],
-                              ndim=[1] * len(parts))
+    return _outputs(source)
 
 
-def _numpy_type(dtype):
-    return types.to_numpy_type(dtype) if isinstance(dtype, types.DALIDataType) else np.dtype(dtype)
+def _outputs(source):
+    """The external source of a shards reader: one output per part, of its type."""
+    dataset = source.loader.dataset
+    return fn.external_source(source=source, num_outputs=len(dataset.parts), batch=True, batch_info=True,
+                              dtype=[types.to_dali_type(t) for t in dataset.dtypes], ndim=[1] * len(dataset.parts))
+
+
+def _numpy_types(dtypes):
+    """DALI's or numpy's types (one, or a list) as numpy's, or None."""
+    if dtypes is None:
+        return None
+    return [types.to_numpy_type(d) if isinstance(d, types.DALIDataType) else np.dtype(d)
+            for d in (dtypes if isinstance(dtypes, (list, tuple)) else [dtypes])]
+
+
+def shards(source, parts, *, format="auto", dtypes=None, random_shuffle=False, seed=-1, num_shards=None,
+           shard_id=None, stick_to_shard=False, endpoint_url=None, num_workers=READERS, config=None, world=None):
+    """The chosen parts of every sample of tar or MDS shards, read through stager: call it in a pipeline's definition.
+
+    DALI has no reader of MosaicML Streaming's MDS shards; this one gives
+    each column as the bytes stored (a ``jpeg`` column's JPEG file, an
+    ``int`` column's 8 bytes: ``dtypes=[types.INT64]`` reads it), so DALI's
+    decoders take the images. Tar parts are as ``webdataset`` gives them.
+
+    Args (``ShardDataset``'s and ``reader``'s, with what each means here):
+        source: The directory holding the shards, or an object store's
+            prefix (``s3://bucket/prefix``), as ``ShardDataset`` takes it.
+        parts: Each output's tar part or MDS column.
+        format: ``tar``, ``mds`` or ``auto`` (``dataset.format``).
+        dtypes: Each output's type (DALI's or numpy's); default ``uint8``.
+        random_shuffle, seed, num_shards, shard_id, stick_to_shard: As ``reader``.
+        endpoint_url: An object store's URL, where it is not AWS.
+        num_workers, config, world: stager's own, as ``reader``.
+
+    Returns:
+        One output per part: the external source's outputs.
+    """
+    source = staged_source(lambda: EncodedParts.everything(source, parts, format, _numpy_types(dtypes), endpoint_url),
+                           collate_parts, "shards", shuffle=bool(random_shuffle), seeds=(seed,),
+                           num_shards=num_shards, shard_id=shard_id, stick_to_shard=stick_to_shard,
+                           num_workers=num_workers, config=config, world=world)
+    return _outputs(source)

@@ -128,3 +128,54 @@ def test_what_is_not_served_is_refused_naming_it(tmp_path, shards):
         finally:
             for source in readers(pipe):
                 source.close()
+
+
+@pytest.fixture(scope="module")
+def mds_dir(tmp_path_factory):
+    """40 samples (a JPEG, an int) in several MDS shards, by Streaming's own MDSWriter."""
+    streaming = pytest.importorskip("streaming", reason="MosaicML Streaming is not installed (extra 'mds')")
+    from PIL import Image
+
+    out = str(tmp_path_factory.mktemp("mds") / "data")
+    rng = np.random.default_rng(5)
+    with streaming.MDSWriter(out=out, columns={"image": "jpeg", "label": "int"}, size_limit=1 << 13) as writer:
+        for i in range(40):
+            writer.write({"image": Image.fromarray(rng.integers(0, 256, (12, 10, 3), dtype=np.uint8)),
+                          "label": 1000 + i})
+    return out
+
+
+def test_mds_columns_come_as_stored_and_decode_as_streaming_decodes_them(tmp_path, mds_dir):
+    from streaming import StreamingDataset
+
+    from iterators.dali import shards as shards_reader
+
+    @pipeline_def(batch_size=BATCH, num_threads=1, device_id=None)
+    def staged(shuffle):
+        jpegs, labels = shards_reader(mds_dir, ["image", "label"], format="mds", dtypes=[types.UINT8, types.INT64],
+                                      random_shuffle=shuffle, seed=2,
+                                      config={"staging": {"local_dir": str(tmp_path / "local")}})
+        return jpegs, labels, fn.decoders.image(jpegs, device="cpu")
+
+    theirs = StreamingDataset(local=mds_dir, shuffle=False, batch_size=1)
+    want = [(int(theirs[i]["label"]), np.asarray(theirs[i]["image"])) for i in range(len(theirs))]
+    runs = []
+    for shuffle in (False, True):
+        pipe = staged(shuffle)
+        pipe.build()
+        try:
+            runs.append(_run_labelled(pipe))
+        finally:
+            for source in readers(pipe):
+                source.close()
+    unshuffled, shuffled = runs
+    assert [label for label, _ in unshuffled[0]] == [label for label, _ in want]
+    for (label, image), (_, reference) in zip(unshuffled[0], want):
+        assert np.array_equal(image, reference), label
+    for epoch in shuffled:
+        assert sorted(label for label, _ in epoch) == sorted(label for label, _ in want)
+    assert [label for label, _ in shuffled[0]] != [label for label, _ in shuffled[1]]
+
+
+def _run_labelled(pipe):
+    return run_epochs(pipe, 2, lambda outputs, k: (int(np.array(outputs[1].at(k))[0]), np.array(outputs[2].at(k))))

@@ -88,10 +88,13 @@ class ShardReader:
 
     Args:
         layout: The dataset's ``ShardLayout``.
+        encoded: MDS columns as the bytes stored, not decoded by Streaming
+            (for a reader that decodes them itself, as DALI's decoders do).
     """
 
-    def __init__(self, layout):
+    def __init__(self, layout, encoded=False):
         self.layout = layout
+        self.encoded = encoded
         self._open = collections.OrderedDict()  # path -> (inode, handle)
         self._pid = os.getpid()
         self._reads = 0
@@ -125,7 +128,7 @@ class ShardReader:
         from .mds import decode_sample, streaming_decoder  # deferred: Streaming only for MDS shards
 
         if self._decode is None:
-            self._decode = streaming_decoder()
+            self._decode = (lambda _encoding, data: data) if self.encoded else streaming_decoder()
         fd, offsets = handle
         begin, end = int(offsets[row]), int(offsets[row + 1])
         data = os.pread(fd, end - begin, begin)
