@@ -37,31 +37,41 @@ BATCH = 32
 METHODS = ("dali", "stager")
 
 
-def one(args):
-    """One reader in this process: each epoch's seconds and samples, CPU seconds per kind, as JSON."""
+def training_pipeline(own_reader, data, local, batch, threads, decoder="cpu"):
+    """The ImageNet training pipeline over DALI's ``fn.readers.file`` (``own_reader``) or ``iterators.dali.reader``:
+    random-crop decode on ``decoder`` (``cpu``, or ``mixed``: the GPU), resize to 224x224, normalise, mirror."""
     from nvidia.dali import fn, pipeline_def, types
 
-    from iterators.dali import reader, readers
-    from stager.bench.cpu import CpuMeter
+    from iterators.dali import reader
 
-    @pipeline_def(batch_size=BATCH, num_threads=args.threads, device_id=None, seed=1)
+    on_gpu = decoder == "mixed"
+
+    @pipeline_def(batch_size=batch, num_threads=threads, device_id=0 if on_gpu else None, seed=1)
     def train():
-        if args.one == "dali":
-            jpegs, labels = fn.readers.file(file_root=args.data, random_shuffle=True, name="Reader")
+        if own_reader:
+            jpegs, labels = fn.readers.file(file_root=data, random_shuffle=True, name="Reader")
         else:
-            jpegs, labels = reader(file_root=args.data, random_shuffle=True, name="Reader",
-                                   config={"staging": {"local_dir": args.local}})
-        images = fn.decoders.image_random_crop(jpegs, device="cpu", output_type=types.RGB)
+            jpegs, labels = reader(file_root=data, random_shuffle=True, name="Reader",
+                                   config={"staging": {"local_dir": local}})
+        images = fn.decoders.image_random_crop(jpegs, device=decoder, output_type=types.RGB)
         images = fn.resize(images, resize_x=224, resize_y=224)
         images = fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW",
                                           mean=[0.485 * 255, 0.456 * 255, 0.406 * 255],
                                           std=[0.229 * 255, 0.224 * 255, 0.225 * 255],
                                           mirror=fn.random.coin_flip())
-        return images, labels
+        return images, labels.gpu() if on_gpu else labels
+
+    return train()
+
+
+def one(args):
+    """One reader in this process: each epoch's seconds and samples, CPU seconds per kind, as JSON."""
+    from iterators.dali import readers
+    from stager.bench.cpu import CpuMeter
 
     epochs, counts = [], []
     with CpuMeter() as meter:
-        pipe = train()
+        pipe = training_pipeline(args.one == "dali", args.data, args.local, BATCH, args.threads)
         pipe.build()
         size = pipe.reader_meta("Reader")["epoch_size"] if args.one == "dali" else None
         for _ in range(args.epochs):

@@ -107,29 +107,12 @@ def one(args):
 
 def dali_loader(args, device):
     """DALI's pipeline over ``fn.readers.file`` (``dali-file``) or ``iterators.dali.reader`` (``dali-stager``):
-    an iterable of ``(images, labels)`` each epoch, and the samples of an epoch."""
-    from nvidia.dali import fn, pipeline_def, types
+    an iterable of ``(images, labels)`` each epoch, its ``pipe`` the DALI pipeline."""
     from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 
-    from iterators.dali import reader
+    from dali_side import training_pipeline
 
-    on_gpu = args.dali_device == "mixed"
-
-    @pipeline_def(batch_size=args.batch, num_threads=args.n, device_id=0 if on_gpu else None, seed=0)
-    def train():
-        if args.one == "dali-file":
-            jpegs, labels = fn.readers.file(file_root=args.data, random_shuffle=True, name="Reader")
-        else:
-            jpegs, labels = reader(file_root=args.data, random_shuffle=True, name="Reader",
-                                   config={"staging": {"local_dir": args.local}})
-        images = fn.decoders.image_random_crop(jpegs, device=args.dali_device, output_type=types.RGB)
-        images = fn.resize(images, resize_x=224, resize_y=224)
-        images = fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW",
-                                          mean=[0.485 * 255, 0.456 * 255, 0.406 * 255],
-                                          std=[0.229 * 255, 0.224 * 255, 0.225 * 255], mirror=fn.random.coin_flip())
-        return images, labels.gpu() if on_gpu else labels
-
-    pipe = train()
+    pipe = training_pipeline(args.one == "dali-file", args.data, args.local, args.batch, args.n, args.dali_device)
     # DALI's reader names its epoch's size; an external source ends its epochs itself (StopIteration).
     named = {"reader_name": "Reader"} if args.one == "dali-file" else {}
     batches = DALIGenericIterator(pipe, ["images", "labels"], last_batch_policy=LastBatchPolicy.PARTIAL,
