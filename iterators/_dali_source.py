@@ -57,10 +57,9 @@ class StagedSource:
             raise StopIteration
         span = loader.batch_size * loader.world.size
         position = planlib.Position(epoch, min(iteration * span, len(loader.catalog)))
-        if loader.state_dict() != planlib.resume_state(position, len(loader.catalog), loader.config.plan,
-                                                       loader.world.size):
-            loader.load_state_dict(planlib.resume_state(position, len(loader.catalog), loader.config.plan,
-                                                        loader.world.size))
+        state = planlib.resume_state(position, len(loader.catalog), loader.config.plan, loader.world.size)
+        if loader.state_dict() != state:  # else the loader's pipeline goes on where it is
+            loader.load_state_dict(state)
         self._batches = iter(loader)
         self._next = (epoch, iteration)
 

@@ -160,7 +160,8 @@ def show(saved):
             print(f"| {r['open_ms']:g} | {r['threads']} | {m} | {', '.join(map(str, x['samples']))} | "
                   f"{x['opens']} ({x['files_opened']}) | {x['bytes_read'] / 1e6:.1f} | {c['rank']:.1f}, "
                   f"{c['readers']:.1f}, {c['prefetchers']:.1f}, {c['emulator']:.1f} |")
-    later = [r["dali"]["epochs"][e] / r["stager"]["epochs"][e] for r in rows for e in range(1, len(r["dali"]["epochs"]))]
+    later = [r["dali"]["epochs"][e] / r["stager"]["epochs"][e]
+             for r in rows for e in range(1, len(r["dali"]["epochs"]))]
     first = [r["dali"]["epochs"][0] / r["stager"]["epochs"][0] for r in rows]
     print(f"\nepoch 1: {min(first):.2f}-{max(first):.2f}x (median {statistics.median(first):.2f}x); later epochs: "
           f"{min(later):.2f}-{max(later):.2f}x (median {statistics.median(later):.2f}x)" if later else "")

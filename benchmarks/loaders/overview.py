@@ -90,7 +90,8 @@ def main():
                  f"{dali['samples']} at {dali['rows'][0]['open_ms']} ms")
     epochs, conversions = epochs_of(peers, dali, args.processes)
     draw(epochs, args.out, f"{peers['samples']} JPEGs behind the emulator at {peers['open_ms']:g} ms an open, "
-                           f"{args.processes} loading processes (DALI: threads), 3 epochs, 2 cores; stager on its defaults")
+                           f"{args.processes} loading processes (DALI: threads), 3 epochs, 2 cores; "
+                           "stager on its defaults")
     print("| loader | " + " | ".join(f"epoch {e + 1} s" for e in range(len(epochs["DataLoader"]))) + " |")
     print("|---|" + "---:|" * len(epochs["DataLoader"]))
     for label, seconds in epochs.items():
