@@ -44,8 +44,11 @@ def _matcher(patterns, case_sensitive):
 
 
 def _listing(path, what):
+    """``(name, is a directory)`` of each entry, by name. The directory entries' types answer: no ``stat`` of
+    each file on the shared file system (the catalog's one ``stat`` a file follows), only of symbolic links."""
     try:
-        return sorted(os.listdir(path))
+        with os.scandir(path) as entries:
+            return sorted((entry.name, entry.is_dir()) for entry in entries)
     except OSError as exc:
         raise FileNotFoundError(f"{what}: cannot list {path}: {exc.strerror}") from None
 
@@ -65,13 +68,11 @@ def tree(file_root, file_filters=FILE_FILTERS, dir_filters=None, case_sensitive_
                  else (lambda name: True))
     if not os.path.isdir(file_root):
         raise FileNotFoundError(f"file_root {file_root} is not a directory")
-    classes = [d for d in _listing(file_root, "file_root")
-               if os.path.isdir(os.path.join(file_root, d)) and match_dir(d)]
+    classes = [d for d, is_dir in _listing(file_root, "file_root") if is_dir and match_dir(d)]
     rels, labels = [], []
     for label, d in enumerate(classes):
-        folder = os.path.join(file_root, d)
-        for name in _listing(folder, f"file_root's subdirectory {d}"):
-            if match_file(name) and not os.path.isdir(os.path.join(folder, name)):
+        for name, is_dir in _listing(os.path.join(file_root, d), f"file_root's subdirectory {d}"):
+            if match_file(name) and not is_dir:
                 rels.append(f"{d}/{name}")
                 labels.append(label)
     if not rels:
