@@ -271,3 +271,55 @@ def test_epoch_one_under_the_defaults_stages_each_tar_shard_once_probe_included(
             assert sample["cls"] == members[sample["__key__"] + ".cls"]
     assert timeline[0]["why"].startswith("auto, from a probe")
     assert not os.listdir(tmp_path / "local"), "the staging directory was not removed"
+
+
+def test_a_queue_of_files_hands_out_twice_the_files_in_flight_earliest_deadline_first():
+    """Where prefetchers keep files in flight, the deadline queue counts files, not tasks: a rank's later
+    minibatches wait behind a neighbour's next one however many files each task holds."""
+    from stager.engine.node.deadlines import DeadlineQueue
+
+    put = []
+    queue = DeadlineQueue(put.append)
+    for seq, (task, files) in enumerate([("a", 6), ("b", 6), ("c", 6), ("d", 2)]):
+        queue.push(seq, task, task, files)
+    queue.push(0, "urgent", "urgent", 4)  # another rank's next minibatch, asked for last
+    queue.feed(8)  # 16 files at most: 4 + 6 + 6, then one more since the sum is under 16
+    assert put == ["a", "urgent", "b"] and queue.handed_out == 16
+    queue.done("a")
+    queue.feed(8)
+    assert put == ["a", "urgent", "b", "c"] and queue.handed_out == 16
+    queue.done("c"), queue.done("urgent"), queue.done("b")
+    queue.feed(8)
+    assert put[-1] == "d" and queue.handed_out == 2 and not len(queue)
+    big = DeadlineQueue(put.append)
+    big.push(0, "whole", "whole", 40)
+    big.feed(8)
+    assert put[-1] == "whole", "a task larger than the capacity still goes once nothing is handed out"
+
+
+def test_prefetchers_with_files_in_flight_get_tasks_of_several_files_on_the_defaults(tmp_path):
+    """On the defaults a prefetcher keeps files in flight in threads: a minibatch's files go out in tasks of
+    half a prefetcher's threads (at least one task a prefetcher), not one or two files a task, each costing a
+    round trip; every sample still arrives once an epoch, in plan order, with the source's bytes."""
+    data = tmp_path / "data"
+    make_dataset(str(data), 256, nbytes=4096, classes=4, seed=3, progress=False)
+    (tmp_path / "mnt").mkdir()
+    with SlowFS(str(data), str(tmp_path / "mnt"), open_ms=5.0) as mnt:
+        cfg = _config(mnt, tmp_path / "local", plan={"batch_size": 32})
+        with Pipeline(cfg) as pipe:
+            batches = [(b.epoch, b.step, b.indices.tolist(), b.samples) for b in pipe]
+            timeline = pipe.counts_timeline()
+            prefetch = pipe.accounting()["stages"]["prefetch"]
+            catalog = pipe.catalog
+    expected = [(m.epoch, m.step, m.indices.tolist()) for m in plan.iterate(len(catalog), cfg.plan)]
+    assert [b[:3] for b in batches] == expected
+    for _, _, indices, samples in batches:
+        for i, (array, label) in zip(indices, samples):
+            assert np.array_equal(array, np.load(data / catalog.path(i))) and label == catalog.label(i)
+    # The fewest files a task could hold in this run, from its own counts: half the fewest threads a
+    # prefetcher had, or a minibatch spread over the most prefetchers.
+    threads = min(row["in_flight"] for row in timeline)
+    processes = max(row["prefetchers"] for row in timeline)
+    per = min(-(-threads // 2), -(-32 // processes))
+    steps = len(catalog) // 32  # epoch 1's minibatches: epoch 2 finds every file staged
+    assert prefetch["files"] > 0 and 1 <= prefetch["tasks"] <= steps * -(-32 // per), (prefetch, timeline)

@@ -174,7 +174,8 @@ class Job:
             gate = self._after(ranks, s - (self.ahead if deep is None else deep.depth))
             if gate is not None:
                 yield gate
-            # As the engine splits them: an auto pool's tasks are finer (it may grow before they are taken).
+            # One chunk a file in flight (an auto pool's at least AUTO_TASKS: it may grow before they are
+            # taken). The engine's tasks tuned in threads hold more files, fetched at once all the same.
             chunks = split_chunks(d.source_files[s], d.source_bytes[s],
                                   fetchers.size if tuner is None else max(fetchers.size, AUTO_TASKS))
             if tuner is not None:

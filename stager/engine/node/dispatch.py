@@ -13,20 +13,11 @@ from ..peers import swaps
 from ... import telemetry as tm
 
 
-AUTO_TASKS = 16  # the fewest tasks a minibatch is split into for an ``auto`` pool
+AUTO_TASKS = 16  # the fewest tasks a minibatch is split into for an ``auto`` pool of processes
 
 
-def split_tasks(missing, prefetchers, files_per_task):
-    """Splits a minibatch's missing files into prefetcher tasks.
-
-    Whole minibatches per task would make the first one wait for a single
-    prefetcher to open every file in turn, and leave most prefetchers idle
-    at the end of an epoch; one file per task would cost a queue round trip
-    per file. Automatic (``files_per_task`` 0): as many tasks as prefetchers.
-    """
-    if not len(missing):
-        return []
-    per = files_per_task or -(-len(missing) // prefetchers)
+def split_tasks(missing, per):
+    """Splits a minibatch's missing files into prefetcher tasks of ``per`` files (the last may hold fewer)."""
     return [missing[i:i + per] for i in range(0, len(missing), per)]
 
 
@@ -87,9 +78,10 @@ class Dispatch:
                 s.telemetry.record(tm.SWAPPED_OUT, index, size, request.epoch)
             for index in lost:
                 s.telemetry.record(tm.DROPPED, index, int(self.catalog.sizes[index]), request.epoch)
-        for chunk in split_tasks(missing, self.split, s.staging.files_per_task):
+        for chunk in split_tasks(missing, self.per_task(len(missing))):
             task = self._new(request)
-            self.deadlines.push(request.seq, task, StageTask(task, request.epoch, request.step, self.files(chunk)))
+            self.deadlines.push(request.seq, task, StageTask(task, request.epoch, request.step, self.files(chunk)),
+                                len(chunk) if self.threaded else 1)
         self.feed()
         if s.resizer is not None:
             s.resizer.asked(len(missing))
@@ -98,7 +90,7 @@ class Dispatch:
     def retry(self, indices, epoch):
         """Fetches again files that met a full disk, at once (their requests wait on them)."""
         s = self.s
-        for chunk in split_tasks(indices, s.pool.size, s.staging.files_per_task):
+        for chunk in split_tasks(indices, s.staging.files_per_task or -(-len(indices) // s.pool.size)):
             task = self.next_task
             self.next_task += 1
             s.pool.tasks.put(StageTask(task, epoch, -1, self.files(chunk)))
@@ -113,21 +105,40 @@ class Dispatch:
             if self.s.resizer is not None:
                 self.s.resizer.staged(msg)
 
-    @property
-    def split(self):
-        """Tasks a minibatch's missing files are split into (with ``files_per_task`` 0).
+    def per_task(self, count):
+        """Files a task carries, of a minibatch's ``count`` files to fetch.
 
-        As many as prefetchers; an ``auto`` pool's tasks are finer: it may grow
-        before they are handed out, and tasks sized for the smaller pool would
-        leave the new prefetchers without work.
+        Whole minibatches a task would make the first one wait for a single
+        prefetcher to open every file in turn, and leave most prefetchers
+        idle at the end of an epoch; one file a task would cost a queue
+        round trip (a pickle each way, a wake-up of the service) a file.
+        ``staging.files_per_task`` where set. Else, with one file in flight a
+        prefetcher, as many tasks as prefetchers; an ``auto`` pool's are finer
+        (``AUTO_TASKS`` at least): it may grow before they are handed out, and
+        tasks sized for the smaller pool would leave the new prefetchers
+        without work. Where each prefetcher keeps files in flight in threads,
+        a task fills half of one's threads (at least a task a prefetcher):
+        its files are fetched at once all the same, and a prefetcher takes
+        its next task while the last one's files finish.
         """
-        size = self.takers()
-        return size if self.s.resizer is None else max(size, AUTO_TASKS)
+        if self.s.staging.files_per_task:
+            return self.s.staging.files_per_task
+        resizer, size = self.s.resizer, self.s.pool.size
+        if self.threaded:
+            per = -(-resizer.threads.value // 2)
+            return max(1, min(per, -(-count // size)))
+        tasks = size if resizer is None else max(size, AUTO_TASKS)
+        return max(1, -(-count // tasks))
+
+    @property
+    def threaded(self):
+        """Whether the files each prefetcher keeps in flight are tuned: the pool's capacity is then files."""
+        resizer = self.s.resizer
+        return resizer is not None and resizer.threads is not None
 
     def takers(self):
-        """Tasks the pool works on at once: one a prefetcher, or one a file in flight where those are tuned."""
-        resizer = self.s.resizer
-        return resizer.size() if resizer is not None and resizer.threads is not None else self.s.pool.size
+        """What the pool works on at once: one task a prefetcher, or one file in flight where those are tuned."""
+        return self.s.resizer.size() if self.threaded else self.s.pool.size
 
     def feed(self):
         """Keeps each prefetcher of the pool (each file in flight, where tuned), as large as it is now, given its
@@ -146,8 +157,8 @@ class Dispatch:
         return total, max(max(times, default=0.0), total / max(1, self.takers()))
 
     def spare(self):
-        """Whether a prefetcher could take more: no task waits, and fewer are handed out than the pool
-        works on at once (one task a prefetcher; two with fetch threads, as many as ``feed`` hands out)."""
+        """Whether a prefetcher could take more: no task waits, and less is handed out than the pool
+        works on at once (tasks or files, ``takers``; twice that with fetch threads, as ``feed`` hands out)."""
         at_once = self.takers() * (2 if getattr(self.s.source, "concurrency", 1) > 1 else 1)
         return not len(self.deadlines) and self.deadlines.handed_out < at_once
 
