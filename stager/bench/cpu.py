@@ -14,16 +14,9 @@ figure is exact (``os.times``).
 import os
 import threading
 
-TICK = os.sysconf("SC_CLK_TCK")
+from ..engine.perf.clock import process_stat
+
 KINDS = ("rank", "readers", "prefetchers", "emulator")
-
-
-def _stat(pid):
-    with open(f"/proc/{pid}/stat") as fh:
-        text = fh.read()
-    name = text[text.index("(") + 1:text.rindex(")")]
-    fields = text.rsplit(")", 1)[1].split()
-    return name, (int(fields[11]) + int(fields[12])) / TICK  # utime + stime
 
 
 def _children(pid):
@@ -52,7 +45,7 @@ def readings(pids):
     out = {}
     for pid in pids:
         try:
-            out[pid] = _stat(pid)
+            out[pid] = process_stat(pid)
         except (OSError, IndexError, ValueError):
             pass  # exited between the listing and the reading
     return out

@@ -28,6 +28,7 @@ import math
 import numpy as np
 
 from . import events as tm
+from .ledger import by_epoch
 
 BINS = 120          # timeline bins per rank
 STEPS_KEPT = 2000   # per-step series longer than this are summed in groups of ``stride`` steps
@@ -267,7 +268,7 @@ def account(telemetry, *, rank, node, readers, prefetchers=None, in_flight=1, lo
         "first_wait_s": _r(first_wait), "loop_begin_s": _r(begin), "loop_end_s": _r(end),
         "stall_fraction": _r(wait_s / wall) if wall > 0 else 0.0,
         "steady_stall_fraction": _r((wait_s - first_wait) / steady_wall) if steady_wall > 0 else 0.0,
-        "stages": stages, "queues": queues,
+        "stages": stages, "queues": queues, "cpu_by_epoch": by_epoch(of(tm.EPOCH_CPU, a, b, value)),
         "series": _steps_series([t for t, _, _ in steps], waits, computes),
         "timeline": timeline,
     }

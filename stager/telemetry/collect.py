@@ -13,6 +13,7 @@ import os
 import time
 
 from .accounting import job_nodes, job_stages
+from .ledger import combine
 
 REPORT_VERSION = 1
 
@@ -126,6 +127,7 @@ def job_summary(world, summary):
     total["steady_stall_fraction"] = max(r["steady_stall_fraction"] for r in records)
     total["stages"] = job_stages(records)
     total["nodes_accounting"] = job_nodes(records)
+    total["cpu_by_epoch"] = combine(r.get("cpu_by_epoch", ()) for r in records)
     total["per_rank"] = records
     return total
 

@@ -50,6 +50,9 @@ kind           a                    b                   value
                                     core (-1: unknown)  ``TASK``'s busy seconds)
 ``DECODED``    samples built from   decoded copies      decoding seconds those
                decoded copies       kept                samples saved (a reader's minibatch)
+``EPOCH_CPU``  epoch ended (-1:     0 rank, 1 readers,  CPU seconds so far
+               the start)           2 prefetchers,      (samples: that epoch's)
+                                    3 samples
 =============  ===================  ==================  ==========================
 
 A ``GROUP`` event (a job of a shared group, ``staging.share``) says, by its
@@ -71,7 +74,8 @@ import time
 from array import array
 
 NEEDED, QUEUED, STAGED, TASK, READY, READ, DELIVERED, CONSUMED, REQUEST, EVICTED, USAGE, PEER, SERVED, \
-    FINISHED, RESIZED, LOCAL, FALLBACK, GROUP, DROPPED, SWAPPED_OUT, SWAPPED_IN, TASK_CPU, DECODED = range(23)
+    FINISHED, RESIZED, LOCAL, FALLBACK, GROUP, DROPPED, SWAPPED_OUT, SWAPPED_IN, TASK_CPU, DECODED, \
+    EPOCH_CPU = range(24)
 GROUP_FILES, GROUP_FETCHED, GROUP_TAKEN, GROUP_GIVEN = range(4)
 # A ``RESIZED`` event's pool (or the ``auto`` look-ahead, or the files each prefetcher keeps in flight).
 POOL_PREFETCH, POOL_READ, POOL_LOOKAHEAD, POOL_IN_FLIGHT = range(4)
@@ -80,7 +84,7 @@ NO_SPACE = -1  # the local file system was full; nothing was published
 PRESENT = -2  # a matching copy was already there; nothing was copied
 KINDS = ("needed", "queued", "staged", "task", "ready", "read", "delivered", "consumed", "request", "evicted",
          "usage", "peer", "served", "finished", "resized", "local", "fallback", "group", "dropped", "swap_out",
-         "swap_in", "task_cpu", "decoded")
+         "swap_in", "task_cpu", "decoded", "epoch_cpu")
 FILE_KINDS = frozenset((STAGED, EVICTED, PEER, SERVED, FALLBACK, DROPPED, SWAPPED_OUT, SWAPPED_IN))  # one event per file, not per minibatch
 
 

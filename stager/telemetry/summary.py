@@ -3,6 +3,7 @@
 import json
 
 from .advice import fetch_split, judge
+from .ledger import ledger_lines
 from ..errors import StagerError
 
 NEEDS = ("steady_stall_fraction", "first_batch_s", "stages", "nodes_accounting", "per_rank", "wall_s")
@@ -193,6 +194,7 @@ def render(report, plots=()):
         lines.append(f"  imbalance: waits from {min(waits):.2f} s to {max(waits):.2f} s "
                      f"({(max(waits) - min(waits)) / max(report['wall_s'], 1e-9):.1%} of the wall time)")
     lines += count_lines(report)
+    lines += ledger_lines(report.get("cpu_by_epoch") or [])  # reports written before the ledger have none
     lines += ["", "advice:"] + [f"  - {a}" for a in verdict.advice]
     if plots:
         lines += ["", "plots:"] + [f"  {p}" if isinstance(p, str) else f"  {p[0]}: {p[1]}" for p in plots]

@@ -17,6 +17,8 @@ import time
 
 SCHEDSTAT = "/proc/thread-self/schedstat"
 
+_TICK = os.sysconf("SC_CLK_TCK")
+
 _local = threading.local()  # each thread's open schedstat file: read again with pread, not reopened per task
 
 
@@ -70,3 +72,17 @@ class Span:
         self.cpu_s = max(0.0, cpu - self._cpu)
         self.queued_s = None if queued is None or self._queued is None else max(0.0, queued - self._queued)
         return self
+
+
+def process_stat(pid):
+    """``(name, cpu_s)`` of process ``pid``: its kernel name and the CPU seconds (user and system, every thread)
+    it has spent so far.
+
+    Raises:
+        OSError: The process is gone (or never was).
+    """
+    with open(f"/proc/{pid}/stat", "rb") as fh:
+        text = fh.read()
+    head, tail = text.rsplit(b")", 1)
+    fields = tail.split()
+    return head.split(b"(", 1)[1].decode(errors="replace"), (int(fields[11]) + int(fields[12])) / _TICK

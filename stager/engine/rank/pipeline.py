@@ -23,6 +23,7 @@ import weakref
 
 from .batch import Batch
 from .coordinator import END, Channels
+from .cpuledger import CpuLedger
 from .shutdown import close_abandoned, halt, stop
 from .startup import Startup
 from ..messages import Consumed
@@ -32,6 +33,7 @@ from ... import plan as planlib
 from ... import telemetry as tm
 from ...errors import StageError
 from ...telemetry import Stats
+from ...telemetry.ledger import BEFORE
 
 __all__ = ["Batch", "Pipeline"]
 
@@ -86,6 +88,8 @@ class Pipeline(Startup):
         self.world = world
         self.catalog = catalog
         self.stats = Stats()
+        self._ledger = CpuLedger(self.stats.telemetry)
+        self._epoch, self._epoch_samples = None, 0  # the consumer's epoch, and its samples taken so far
         self.local_dir = None
         self._start = start if isinstance(start, planlib.Position) else planlib.Position(*start)
         self._plan = plan
@@ -182,6 +186,7 @@ class Pipeline(Startup):
             if self._closed:
                 raise RuntimeError("pipeline is closed")
             self._started = True
+        self._ledger.mark(BEFORE, None, None)
         try:
             self._launch()
         except BaseException as exc:
@@ -229,6 +234,7 @@ class Pipeline(Startup):
         """
         if not self._claim(draining=True):
             return
+        self._ledger.look(*self._pools())  # the workers' last figures: they are gone by the consumer's end
         try:
             self._protocol(wait_for_peers=True)
         except BaseException as exc:  # raised to the consumer by its last next() or close()
@@ -271,6 +277,17 @@ class Pipeline(Startup):
         thread = self._coordinator
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=self._processes.shutdown_timeout_s)
+
+    def _pools(self):
+        """``(readers, prefetchers)``: this rank's reader pool and, on a node's leader, the node's prefetchers."""
+        service = self._ch.service
+        return self._ch.readers, service.pool if service is not None else None
+
+    def _epoch_ended(self):
+        """Marks the CPU the epoch the consumer was in cost (``cpu_by_epoch``)."""
+        if self._epoch is not None:
+            self._ledger.mark(self._epoch, *self._pools(), self._epoch_samples)
+        self._epoch, self._epoch_samples = None, 0
 
     def accounting(self, loop_begin=None, loop_end=None):
         """Where this rank's time went so far: ``stager.telemetry.account``'s record.
@@ -327,12 +344,17 @@ class Pipeline(Startup):
         if item is END or self.closed:
             if item is END:
                 self.stats.telemetry.record(tm.FINISHED, self.stats.batches, 0, stall)
+                self._epoch_ended()
             self.close()
             raise StopIteration
         if isinstance(item, BaseException):
             self._shutdown(wait_for_peers=False, error=item)
             raise item
         seq, batch = item
+        if batch.epoch != self._epoch:
+            self._epoch_ended()
+            self._epoch = batch.epoch
+        self._epoch_samples += len(batch.indices)
         ch.wake.notify(Consumed(seq, stall))
         batch.times.stall = stall
         self.stats.telemetry.record(tm.CONSUMED, seq, len(batch.indices), stall)
