@@ -15,14 +15,23 @@ runs draw the same order and augmentations (one generator seed); a digest of
 each epoch's tensors shows they delivered the same ones. The ratio of
 interest is epochs 2+ on the defaults over ``off`` (the median of the
 rounds), with CPU seconds per process kind beside it.
+
+Beside the runs, measured in the same process on the same JPEGs (``keeping``):
+what keeping a decoded copy costs a reader in epoch 1, one thread, CPU ms a
+sample: the loader's decoding (PIL, from bytes in memory), packing the
+record (the pixels out of PIL, a CRC-32 over them), writing it to a segment
+in the work directory, and reading it back and rebuilding the image (a
+later epoch's cost), against the transforms on the whole sample.
 """
 
 import argparse
+import io
 import json
 import os
 import statistics
 import sys
 import time
+import zlib
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
@@ -95,7 +104,7 @@ def main():
             next(iter(runs.values())).values())))
         args.image_size, args.bytes = saved.get("image_size"), saved.get("bytes", 115000)
         args.epochs = len(runs[min(runs)]["off"][0]["epochs"])
-        return show(runs, saved["decode_s"], args)
+        return show(runs, saved["decode_s"], args, saved.get("keeping"))
     counts = [int(x) for x in args.processes.split(",")]
     runs = {n: {m: [] for m in METHODS} for n in counts}
     from stager.job.synth import parse_image_sizes
@@ -109,16 +118,75 @@ def main():
                     local = os.path.join(work, f"local-{n}-{method}-{r}")
                     os.mkdir(local)
                     runs[n][method].append(run(method, n, mnt, local, daemon, args, __file__))
+        costs = keeping(os.path.join(work, "imgs"), work)
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"samples": args.samples, "open_ms": args.open_ms, "decode_s": d, "image_size": args.image_size,
-                       "bytes": args.bytes, "runs": runs}, fh, indent=1)
-    show(runs, d, args)
+                       "bytes": args.bytes, "keeping": costs, "runs": runs}, fh, indent=1)
+    show(runs, d, args, costs)
 
 
-def show(runs, d, args):
-    """The tables, from each N's runs by method."""
+def keeping(data, work, files=128, reps=5):
+    """CPU ms a sample (one thread, the best of ``reps``) of what keeping a decoded copy costs: ``{part: ms}``."""
+    from PIL import Image
+
+    from stager.decoded.records import length, pack, unpack
+
+    paths = sorted(os.path.join(root, f) for root, _, fs in os.walk(data) for f in fs)[:files]
+    encoded = []
+    for path in paths:
+        with open(path, "rb") as fh:
+            encoded.append(fh.read())
+
+    def best(fn):
+        out = float("inf")
+        for _ in range(reps):
+            begin = time.thread_time()
+            fn()
+            out = min(out, time.thread_time() - begin)
+        return round(out / len(paths) * 1000, 3)
+
+    images = [Image.open(io.BytesIO(b)).convert("RGB") for b in encoded]
+    records = [pack(image) for image in images]
+    segment = os.path.join(work, "segment")
+
+    def write():
+        fd = os.open(segment, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        at = 0
+        for record in records:
+            at += os.pwritev(fd, record, at)
+        os.close(fd)
+
+    def read_back():
+        fd = os.open(segment, os.O_RDONLY)
+        at = 0
+        for record in records:
+            buf = bytearray(length(record))
+            os.preadv(fd, [buf], at)
+            unpack(buf)
+            at += len(buf)
+        os.close(fd)
+
+    out = {"decode (the loader)": best(lambda: [Image.open(io.BytesIO(b)).convert("RGB") for b in encoded]),
+           "pack: pixels out of PIL": best(lambda: [image.tobytes() for image in images]),
+           "pack: CRC-32": best(lambda: [zlib.crc32(record[2]) for record in records]),
+           "pack: whole": best(lambda: [pack(image) for image in images]),
+           "write to a segment": best(write),
+           "read back and rebuild": best(read_back)}
+    os.remove(segment)
+    return out
+
+
+def show(runs, d, args, costs=None):
+    """The tables, from each N's runs by method (and what keeping a copy costs, where measured)."""
     counts = sorted(runs)
+    if costs:
+        kept = costs["pack: whole"] + costs["write to a segment"]
+        print("What keeping a decoded copy costs a reader (CPU ms a sample, one thread):\n\n| part | ms |\n|---|---:|")
+        for part, ms in costs.items():
+            print(f"| {part} | {ms:.3f} |")
+        print(f"\nepoch 1's keeping (pack and write): {kept:.3f} ms, {kept / (d * 1000):.1%} of the decoding and "
+              f"transforms of a sample ({d * 1000:.2f} ms)\n")
     print(f"{args.samples} JPEGs ({args.image_size or '256x256'}, {args.bytes / 1000:g} KB) behind the emulator at "
           f"{args.open_ms:g} ms an open; batch "
           f"{BATCH}; {args.epochs} epochs; transforms {d * 1000:.2f} ms CPU a sample; {args.rounds} rounds, medians")

@@ -48,6 +48,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from torch_dropin import BATCH, cpu_of, emulated_jpeg_folder, one_run_arguments, transforms  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
+METHODS = ("dataloader", "stager", "stager-off")
 FETCH_THREADS = 24  # files in flight in the threaded copies (auto gives a prefetcher 20-30 here)
 
 
@@ -106,8 +107,11 @@ def one(args):
     if args.one == "dataloader":
         loader = DataLoader(train, batch_size=BATCH, shuffle=True, num_workers=args.n, persistent_workers=True)
     else:  # the one-line change; ``default``: not even the staging directory set
+        staging = {"local_dir": args.local} if args.local else {}
+        if args.one == "stager-off":  # epoch 2 decodes as epoch 1 does: what epoch 1 adds is the copy's alone
+            staging["decoded"] = "off"
         loader = StagedLoader(train, batch_size=BATCH, shuffle=True, num_workers=args.n,
-                              config={"staging": {"local_dir": args.local}} if args.local else None)
+                              config={"staging": staging} if staging else None)
     epochs, cpu = [], []
     mark = snapshot(args.daemon)
     for _ in range(args.epochs):
@@ -269,7 +273,12 @@ def main():
     parser.add_argument("--json", help="write every run here")
     one_run_arguments(parser)
     parser.add_argument("--daemon", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--methods", default=",".join(METHODS),
+                        help="dataloader; stager (the defaults); stager-off (staging.decoded: off)")
     args = parser.parse_args()
+    unknown = set(args.methods.split(",")) - set(METHODS)
+    if unknown:
+        parser.error(f"unknown --methods {sorted(unknown)}: choose from {', '.join(METHODS)}")
     if args.one:
         return one(args)
 
@@ -289,7 +298,7 @@ def main():
                 _, mnt, daemon, _ = folders[size]
                 for n in counts:
                     for label, where in dirs.items():
-                        for method in ("dataloader", "stager"):
+                        for method in args.methods.split(","):
                             if label == "default":  # stager makes (and removes) its own directory there
                                 row = run(method, n, mnt, None, daemon, args)
                             else:
@@ -338,15 +347,22 @@ def report(results):
                  for kind in ("machine", "rank", "readers", "prefetchers", "emulator")]
         print(f"| {size} | {n} | {where} | {method} | {' / '.join(f'{s:.2f}' for s in row['epochs'])} | "
               + " | ".join(cells) + " |")
-    print("\nEpoch 1 above epoch 2, CPU ms a sample (medians over rounds), and the pages the readers and the "
-          "prefetchers faulted in (minor faults, thousands; the median run's):\n")
+    print("\nEpoch 1 above epoch 2, CPU ms a sample (medians over rounds); the machine's epoch 1 above "
+          "DataLoader's epoch 1 in the same rounds (the direct read's); and the pages the readers and the "
+          "prefetchers faulted in (minor faults, thousands; the median run's). With the decoded tier (`stager`), "
+          "epoch 2 decodes nothing, so its epoch 1 above epoch 2 holds the decoding too:\n")
     print("| samples | N | staging dir | method | machine | rank | readers | prefetchers | emulator | "
-          "readers' faults, by epoch | prefetchers' faults, by epoch |")
-    print("|---:|---:|---|---|---:|---:|---:|---:|---:|---|---|")
+          "machine above DataLoader's epoch 1 | readers' faults, by epoch | prefetchers' faults, by epoch |")
+    print("|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---|---|")
     for (size, n, where, method), runs in sorted(groups.items()):
         extra = [statistics.median(extra_seconds(r, kind) / size * 1000 for r in runs)
                  for kind in ("machine", "rank", "readers", "prefetchers", "emulator")]
-        print(f"| {size} | {n} | {where} | {method} | " + " | ".join(f"{x:+.2f}" for x in extra) + " | "
+        direct = {r["round"]: r for r in groups.get((size, n, where, "dataloader"), ())}
+        above = [(r["cpu"][0]["machine"] - direct[r["round"]]["cpu"][0]["machine"]) / size * 1000
+                 for r in runs if r["round"] in direct]
+        extra.append(statistics.median(above) if above else None)
+        print(f"| {size} | {n} | {where} | {method} | "
+              + " | ".join("-" if x is None else f"{x:+.2f}" for x in extra) + " | "
               + " | ".join(_thousands([e.get(key) for e in median_run(runs)["cpu"]])
                            for key in ("reader_faults", "prefetcher_faults")) + " |")
     if len(sizes) < 2:
