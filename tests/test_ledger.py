@@ -7,7 +7,8 @@ from conftest import make_config
 
 from stager.engine import Pipeline
 from stager.telemetry import pipeline_report, render
-from stager.telemetry.ledger import BEFORE, PREFETCHERS, RANK, READERS, SAMPLES, by_epoch, combine, ledger_lines
+from stager.telemetry.collect import combine_epochs
+from stager.telemetry.ledger import BEFORE, PREFETCHERS, RANK, READERS, SAMPLES, by_epoch, ledger_lines
 
 SPIN_S = 0.003  # CPU a sample the loader burns in a reader
 
@@ -57,7 +58,7 @@ def test_the_marks_become_each_epoch_s_seconds_and_the_ranks_rows_add_up():
     assert rows == [{"epoch": 0, "samples": 100, "rank_s": 0.5, "readers_s": 2.0, "prefetchers_s": 0.4},
                     {"epoch": 1, "samples": 100, "rank_s": 0.1, "readers_s": 1.0, "prefetchers_s": 0.0}]
     other = [dict(r, prefetchers_s=0.0) for r in rows]  # a rank that does not lead its node
-    job = combine([rows, other])
+    job = combine_epochs([rows, other])
     assert job[0] == {"epoch": 0, "samples": 200, "rank_s": 1.0, "readers_s": 4.0, "prefetchers_s": 0.4}
     assert ledger_lines(job)[3].split() == ["0", "200", "5.00", "20.00", "2.00", "27.00"]
     assert by_epoch([]) == [] and ledger_lines([]) == []

@@ -13,7 +13,6 @@ import os
 import time
 
 from .accounting import job_nodes, job_stages
-from .ledger import combine
 
 REPORT_VERSION = 1
 
@@ -40,8 +39,9 @@ def rank_summary(pipe, wall_s=None, *, loop_begin=None, loop_end=None, compute_s
     return summary
 
 
-def combine_cache(tables):
-    """The job's cache counters per epoch: sums over nodes (the peak: the largest node's)."""
+def combine_epochs(tables):
+    """Rows of per-epoch tables summed epoch by epoch, the largest ``peak_bytes`` kept: the job's cache counters
+    over its nodes, or its CPU ledger over its ranks."""
     epochs = {}
     for table in tables:
         for row in table:
@@ -49,11 +49,11 @@ def combine_cache(tables):
             for key, value in row.items():
                 into[key] = max(into[key], value) if key == "peak_bytes" else into[key] + value
             into["epoch"] = row["epoch"]
-    return [epochs[e] for e in sorted(epochs)]
+    return [{k: round(v, 4) if isinstance(v, float) else v for k, v in epochs[e].items()} for e in sorted(epochs)]
 
 
 def read_totals(table):
-    """Where a job's files came from, over the epochs of a cache table (``combine_cache``'s or a node's).
+    """Where a job's files came from, over the epochs of a cache table (``combine_epochs``'s or a node's).
 
     Returns:
         ``{"source": {"files", "bytes"}, "peers": {...}, "peers_out": {...},
@@ -92,7 +92,7 @@ def combine_ranks(summaries):
                                          "stall_s", "counts_timeline")} for s in summaries]
     # Only node leaders have cache counters: one table per node, and the job's per epoch.
     total["node_cache"] = {s["node"]: s["cache"] for s in summaries if s["cache"]}
-    total["cache"] = combine_cache(total["node_cache"].values())
+    total["cache"] = combine_epochs(total["node_cache"].values())
     total["reads"] = read_totals(total["cache"])
     total["reads"]["nodes"] = {node: read_totals(table) for node, table in total["node_cache"].items()}
     decoded = [s["decoded"] for s in summaries if "decoded" in s]
@@ -127,7 +127,7 @@ def job_summary(world, summary):
     total["steady_stall_fraction"] = max(r["steady_stall_fraction"] for r in records)
     total["stages"] = job_stages(records)
     total["nodes_accounting"] = job_nodes(records)
-    total["cpu_by_epoch"] = combine(r.get("cpu_by_epoch", ()) for r in records)
+    total["cpu_by_epoch"] = combine_epochs(r.get("cpu_by_epoch", ()) for r in records)
     total["per_rank"] = records
     return total
 

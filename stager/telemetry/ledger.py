@@ -38,17 +38,6 @@ def by_epoch(events):
     return rows
 
 
-def combine(records):
-    """The job's rows: each epoch's samples and seconds summed over the ranks' ``cpu_by_epoch``."""
-    epochs = {}
-    for rows in records:
-        for row in rows:
-            into = epochs.setdefault(row["epoch"], dict.fromkeys(row, 0))
-            for key, value in row.items():
-                into[key] = into[key] + value if key != "epoch" else value
-    return [{k: (round(v, 4) if isinstance(v, float) else v) for k, v in epochs[e].items()} for e in sorted(epochs)]
-
-
 def ledger_lines(rows):
     """The ledger as text lines: each epoch's CPU milliseconds a sample by kind; [] without rows."""
     rows = [r for r in rows if r["samples"]]
