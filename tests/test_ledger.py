@@ -6,6 +6,8 @@ import numpy as np
 from conftest import make_config
 
 from stager.engine import Pipeline
+from stager.job.synth import make_dataset
+from stager.slowfs import SlowFS
 from stager.telemetry import pipeline_report, render
 from stager.telemetry.collect import combine_epochs
 from stager.telemetry.ledger import BEFORE, PREFETCHERS, RANK, READERS, SAMPLES, by_epoch, ledger_lines
@@ -21,17 +23,21 @@ def spinning_loader(path):
     return np.load(path)
 
 
-def test_each_epoch_s_cpu_is_put_on_the_process_kind_that_spent_it(slow_source, tmp_path):
+def test_each_epoch_s_cpu_is_put_on_the_process_kind_that_spent_it(tmp_path):
     """Three epochs, the readers burning a known CPU a sample: every epoch has its row, with its samples; the
     readers' seconds hold what the loader burned (over the run: the workers run ahead of the consumer's epoch
     boundaries, so a few minibatches' work fall in the row before); the prefetchers spend in epoch 1, where
     they copy, more than in the epochs that read the copies; ``stager report``'s text shows the table."""
-    cfg = make_config(slow_source, tmp_path / "local", plan={"epochs": 3, "batch_size": 8})
-    with Pipeline(cfg, loader=spinning_loader) as pipe:
-        samples = [0, 0, 0]
-        for batch in pipe:
-            samples[batch.epoch] += len(batch.indices)
-        report = pipeline_report(pipe, cfg)
+    # Files large enough that copying them costs the prefetchers many of the kernel's 10 ms ticks.
+    make_dataset(str(tmp_path / "data"), 160, nbytes=256 << 10, classes=4, seed=4, progress=False)
+    (tmp_path / "mnt").mkdir()
+    with SlowFS(str(tmp_path / "data"), str(tmp_path / "mnt"), open_ms=1.0, mbps=0) as mnt:
+        cfg = make_config(mnt, tmp_path / "local", plan={"epochs": 3, "batch_size": 8})
+        with Pipeline(cfg, loader=spinning_loader) as pipe:
+            samples = [0, 0, 0]
+            for batch in pipe:
+                samples[batch.epoch] += len(batch.indices)
+            report = pipeline_report(pipe, cfg)
     rows = report["cpu_by_epoch"]
     assert [(r["epoch"], r["samples"]) for r in rows] == [(0, samples[0]), (1, samples[1]), (2, samples[2])]
     assert rows == report["per_rank"][0]["cpu_by_epoch"]
