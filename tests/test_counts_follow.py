@@ -191,7 +191,7 @@ def test_counts_timeline_is_in_the_report(tmp_path, halves):
                          text=True, check=True, timeout=120).stdout
     assert f"counts at start: {rows[0]['prefetchers']} prefetcher(s) x {rows[0]['in_flight']} file(s) in " \
            f"flight, 1 reader(s): auto, from a probe" in out
-    table = out.split("counts over the run")[1].split("advice:")[0]
+    table = out.split("counts over the run")[1].split("\n\n")[0]  # up to the next section (the CPU ledger)
     assert f"{len(rows) - 1} change(s)" in table
     lines = [line.split() for line in table.splitlines()[1:] if line.strip()]
     assert lines[0][:2] == ["s", "prefetchers"]
