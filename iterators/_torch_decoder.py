@@ -86,6 +86,15 @@ class TorchDecoder(SampleDecoder):
         """Whether a dataset inside reads with a loader known to be pure (or a protocol dataset that can keep)."""
         return any(self._keeps(kind, dataset) for kind, dataset in self.leaves)
 
+    def decoded_kind(self):
+        """The kept records' kind: what each dataset inside keeps (its loader's, or a protocol dataset's class)."""
+        kinds = set()
+        for kind, dataset in self.leaves:
+            if self._keeps(kind, dataset):
+                what = dataset.loader if kind == FOLDER else type(dataset)
+                kinds.add(f"{getattr(what, '__module__', '?')}.{getattr(what, '__qualname__', repr(what))}")
+        return f"{type(self).__module__}.{type(self).__qualname__}({', '.join(sorted(kinds))})"
+
     def _keeps(self, kind, dataset):
         """Whether a dataset's samples go through the decoded tier: a pure loader, or a protocol dataset that can."""
         if kind == FOLDER:

@@ -15,7 +15,8 @@ from PIL import Image
 from torch.utils.data import DataLoader
 
 from iterators.pytorch import StagedLoader  # first: it makes torchvision importable beside a CPU-only torch
-from stager.decoded import CorruptRecord, DecodedTier, create, decoded_budget, pack, tier_choice, unpack
+from stager.decoded import (CorruptRecord, DecodedTier, create, create_shared, decoded_budget, pack, shared_note,
+                            tier_choice, unpack)
 from stager.decoded.tier import DIR
 
 from conftest import size_limited_tmpfs
@@ -28,6 +29,7 @@ FIXED = T.Compose([T.Resize(20), T.CenterCrop(16), T.ToTensor()])
 RANDOM = T.Compose([T.RandomResizedCrop(16, scale=(0.3, 1.0)), T.RandomHorizontalFlip(), T.ColorJitter(0.4, 0.4),
                     T.ToTensor()])
 EPOCHS = 3
+KIND = "the tests' records"
 
 
 def _record(obj):
@@ -141,9 +143,9 @@ def test_readers_of_one_node_share_what_each_kept_and_a_corrupt_copy_is_warned_a
     paths = _npy_files(tmp_path, 6)
     job = tmp_path / "job"
     job.mkdir()
-    create(str(job), len(paths), 64 << 20, "on")
+    create(str(job), len(paths), 64 << 20, "on", KIND)
     calls, load = _loader_calls()
-    first, second = DecodedTier.open(str(job)), DecodedTier.open(str(job))  # two readers
+    first, second = DecodedTier.open(str(job), KIND), DecodedTier.open(str(job), KIND)  # two readers
     for i, path in enumerate(paths):
         assert np.array_equal(first.load(i, path, load), np.load(path))
     assert len(calls) == 6 and first.kept == 6
@@ -165,9 +167,9 @@ def test_readers_of_one_node_share_what_each_kept_and_a_corrupt_copy_is_warned_a
 def test_a_disk_that_fills_while_copies_are_written_leaves_the_samples_read_encoded(tmp_path):
     paths = _npy_files(tmp_path, 12)  # 16 KiB of pixels each
     with size_limited_tmpfs(tmp_path / "nvme", "96k") as mnt:
-        create(str(mnt), len(paths), 64 << 20, "on")  # a budget the disk cannot hold
+        create(str(mnt), len(paths), 64 << 20, "on", KIND)  # a budget the disk cannot hold
         calls, load = _loader_calls()
-        tier = DecodedTier.open(str(mnt))
+        tier = DecodedTier.open(str(mnt), KIND)
         got = [tier.load(i, path, load) for i, path in enumerate(paths)]
         assert all(np.array_equal(a, np.load(p)) for a, p in zip(got, paths))
         assert 0 < tier.kept < len(paths) and not tier.writing and "filled" in tier.note
@@ -175,6 +177,21 @@ def test_a_disk_that_fills_while_copies_are_written_leaves_the_samples_read_enco
         assert all(np.array_equal(a, np.load(p)) for a, p in zip(again, paths))
         assert tier.hits == tier.kept and len(calls) == 2 * len(paths) - tier.kept
         tier.close()
+
+
+def test_a_groups_tier_is_made_once_for_the_first_jobs_kind_and_refused_to_other_kinds(tmp_path):
+    group = str(tmp_path)
+    first = create_shared(group, 10, 4 << 20, "on", "pil", "4.0 MiB: staging.capacity 8.0 MiB, less...")
+    again = create_shared(group, 10, 8 << 20, "on", "hwc", "8.0 MiB: ...")  # a later job: the group's stays
+    assert again == first and first["kind"] == "pil" and os.listdir(group) == [DIR]
+    assert DecodedTier.open(group, "hwc") is None
+    tier = DecodedTier.open(group, "pil")
+    assert tier is not None and tier.segments == first["segments"] > 0
+    tier.close()
+    assert shared_note(again, "pil", "x") == "4.0 MiB: staging.capacity 8.0 MiB, less...; the group's, shared by its jobs"
+    assert shared_note(again, "hwc", "x").startswith("none: the group's decoded copies are another loader's (pil)")
+    assert shared_note(create_shared(str(tmp_path / "none"), 10, 0, "on", "pil", "none: no room"), "pil",
+                       "none: no room") == "none: no room"  # no room, and none made: the job's own reason
 
 
 def test_the_budget_leaves_the_encoded_copies_their_room(tmp_path):
@@ -226,15 +243,15 @@ def test_a_loader_of_the_users_own_keeps_no_decoded_copies_unless_declared_pure(
 
 
 def test_stagers_image_loader_keeps_its_pixels_and_gives_the_same_arrays(images, tmp_path):
-    from stager.formats import make_decoder
+    from stager.formats import decoded_kind, make_decoder
     from stager.formats.images import load_image
 
     path = os.path.join(images, "class0", "000.jpg")
     job = tmp_path / "job"
     job.mkdir()
-    create(str(job), 1, 64 << 20, "on")
     decoder = make_decoder("image", {"layout": "chw"})
-    tier = DecodedTier.open(str(job))
+    create(str(job), 1, 64 << 20, "on", decoded_kind(decoder))
+    tier = DecodedTier.open(str(job), decoded_kind(decoder))
     assert decoder.use_decoded(tier)
     first, second = decoder.decode(path, 0, 0), decoder.decode(path, 0, 1)
     want = load_image(path, {"layout": "chw"})

@@ -2,6 +2,7 @@
 
 from .budget import decoded_budget, tier_choice
 from .records import CorruptRecord, pack, unpack
-from .tier import DIR, MODES, DecodedTier, create
+from .tier import DIR, MODES, DecodedTier, create, create_shared, shared_note
 
-__all__ = ["CorruptRecord", "DIR", "DecodedTier", "MODES", "create", "decoded_budget", "pack", "tier_choice", "unpack"]
+__all__ = ["CorruptRecord", "DIR", "DecodedTier", "MODES", "create", "create_shared", "decoded_budget", "pack",
+           "shared_note", "tier_choice", "unpack"]

@@ -13,6 +13,11 @@ another rank finds, in a later epoch, the record this one wrote.
 Appending to a few large files keeps epoch 1's cost to a write of the
 pixels: creating a file a sample costs 0.07 ms on tmpfs but 0.65-0.83 ms on
 this project's test machine's ext4.
+
+Jobs of a ``staging.share`` group share one tier in the group's directory
+(``create_shared``): the first job whose loader keeps copies makes it, for
+its kind of record, and a later job of the same kind reads what the group
+kept.
 """
 
 import errno
@@ -37,28 +42,88 @@ MODES = ("auto", "on", "off")
 JUDGE_AFTER = 8
 
 
-def create(job_dir, samples, budget, mode):
+def create(job_dir, samples, budget, mode, kind):
     """Makes the tier, empty, in ``job_dir``: room for ``budget`` bytes of records of ``samples`` samples.
 
     A tier left by an earlier run of a kept directory is removed first: its
     index is of that run's catalog.
+
+    Args:
+        kind: What the records hold (``SampleDecoder.decoded_kind``): only
+            readers whose decoder gives the same kind use the tier.
 
     Returns:
         The tier's directory.
     """
     path = os.path.join(job_dir, DIR)
     shutil.rmtree(path, ignore_errors=True)
+    _build(path, samples, budget, mode, kind)
+    return path
+
+
+def create_shared(group_dir, samples, budget, mode, kind, why):
+    """In a group's directory (``staging.share``): makes the tier unless another job of the group made one.
+
+    The tier is built aside and renamed into place, so a job that loses the
+    race leaves the winner's tier whole, and a reader never opens half a
+    tier. Each job's node leader calls this as it joins; the group's
+    directory, and the tier with it, goes when the group's service ends.
+
+    Args:
+        why: The sentence that says how ``budget`` was chosen, kept for the
+            jobs that join later (``shared_note``).
+
+    Returns:
+        The meta of the tier now in the group's directory, or None where none is.
+    """
+    path = os.path.join(group_dir, DIR)
+    if budget and read_meta(path) is None:
+        aside = f"{path}.{os.getpid()}"
+        _build(aside, samples, budget, mode, kind, why)
+        try:
+            os.rename(aside, path)
+        except OSError as exc:
+            if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                raise
+            shutil.rmtree(aside, ignore_errors=True)  # another job's is there: it is the group's
+    return read_meta(path)
+
+
+def shared_note(meta, kind, why):
+    """What a group's job's report says of the tier: ``why`` (its own reason) where the group has none.
+
+    Args:
+        meta: ``create_shared``'s result.
+        kind: The job's decoder's kind.
+    """
+    if meta is None:
+        return why
+    if meta["kind"] != kind:
+        return (f"none: the group's decoded copies are another loader's ({meta['kind']}), so this job's samples "
+                "are read encoded")
+    return f"{meta['why']}; the group's, shared by its jobs"
+
+
+def _build(path, samples, budget, mode, kind, why=None):
     os.mkdir(path, 0o700)
     segment = min(SEGMENT_BYTES, max(budget // 64, 1 << 20))
     with open(os.path.join(path, INDEX), "wb") as fh:
         fh.truncate(max(samples, 1) * ENTRY.itemsize)  # sparse: zeros, nothing kept
     meta = {"mode": mode, "budget": int(budget), "segment_bytes": int(segment),
-            "segments": int(budget // segment), "samples": int(samples)}
+            "segments": int(budget // segment), "samples": int(samples), "kind": kind, "why": why}
     tmp = os.path.join(path, META + ".tmp")
     with open(tmp, "w") as fh:
         json.dump(meta, fh)
     os.rename(tmp, os.path.join(path, META))  # readers open a tier only once its meta is whole
-    return path
+
+
+def read_meta(path):
+    """The meta of the tier at ``path``, or None where there is none (yet)."""
+    try:
+        with open(os.path.join(path, META)) as fh:
+            return json.load(fh)
+    except FileNotFoundError:
+        return None
 
 
 class DecodedTier:
@@ -89,17 +154,16 @@ class DecodedTier:
         self._told = (0, 0, None)
 
     @classmethod
-    def open(cls, root):
-        """The tier of the job directory ``root``, or None where the node leader made none."""
+    def open(cls, root, kind):
+        """The tier of the job directory ``root`` for a decoder of ``kind``; None where there is none, or it holds
+        another kind (a group's, made by a job of another loader)."""
         if not isinstance(root, str):
             return None
         path = os.path.join(root, DIR)
-        try:
-            with open(os.path.join(path, META)) as fh:
-                meta = json.load(fh)
-        except FileNotFoundError:
+        meta = read_meta(path)
+        if meta is None or meta["mode"] == "off" or meta["segments"] <= 0 or meta["kind"] != kind:
             return None
-        return cls(path, meta) if meta["mode"] != "off" and meta["segments"] > 0 else None
+        return cls(path, meta)
 
     def load(self, index, path, load):
         """Sample ``index`` as ``load(path)`` returns it: from its record where kept, else decoded (and kept)."""

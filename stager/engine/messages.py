@@ -84,6 +84,8 @@ class Welcome:
             reading the source for a probe of its own. None otherwise.
         counts: ``(prefetchers, files each keeps in flight or None, jobs
             attached with this one)``, the group's now.
+        capacity: The group's node cache's capacity in bytes, or None
+            (unbounded): what its decoded tier's room is chosen from.
     """
 
     local_dir: Optional[str] = None
@@ -91,6 +93,7 @@ class Welcome:
     refused: Optional[str] = None
     rates: Optional[dict] = None
     counts: Optional[tuple] = None
+    capacity: Optional[int] = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,9 +11,9 @@ with the sample's index and epoch), or a path loader made one.
 May import: ``errors``.
 """
 
-from .decoder import PathDecoder, SampleDecoder, is_decoder, make_decoder
+from .decoder import PathDecoder, SampleDecoder, decoded_kind, is_decoder, make_decoder
 from .files import (LOADERS, EmptySample, check_loader_name, load_hdf5, load_image, load_npy, load_raw, make_loader,
                     resolve_loader)
 
-__all__ = ["EmptySample", "LOADERS", "PathDecoder", "SampleDecoder", "check_loader_name", "is_decoder", "load_hdf5",
-           "load_image", "load_npy", "load_raw", "make_decoder", "make_loader", "resolve_loader"]
+__all__ = ["EmptySample", "LOADERS", "PathDecoder", "SampleDecoder", "check_loader_name", "decoded_kind", "is_decoder",
+           "load_hdf5", "load_image", "load_npy", "load_raw", "make_decoder", "make_loader", "resolve_loader"]

@@ -29,6 +29,11 @@ class SampleDecoder:
         (``staging.decoded``) may keep. By default: not."""
         return False
 
+    def decoded_kind(self):
+        """What the records this decoder keeps in the decoded tier hold: equal only for decoders whose records
+        may stand for each other's (by default, this class's)."""
+        return f"{type(self).__module__}.{type(self).__qualname__}"
+
     def use_decoded(self, tier):
         """Offered the node's ``decoded.DecodedTier`` in each reader: True where this decoder takes it.
 
@@ -74,6 +79,11 @@ class ImageDecoder(SampleDecoder):
 
         hwc = self._tier.load(index, path, self.rgb) if self._tier is not None else self.rgb(path)
         return in_layout(hwc, self.options)
+
+
+def decoded_kind(decoder):
+    """``decoder.decoded_kind()``, or None for a decoder that has only the protocol's two methods."""
+    return getattr(decoder, "decoded_kind", lambda: None)()
 
 
 def is_decoder(spec):

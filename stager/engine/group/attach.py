@@ -134,7 +134,7 @@ def settings(staging, dataset, catalog, base):
             "staging.local_dir": os.path.realpath(base), "staging.capacity": staging.capacity,
             "staging.cache_policy": staging.cache_policy, "staging.prefetchers": staging.prefetchers,
             "staging.files_per_task": staging.files_per_task, "staging.verify": staging.verify,
-            "staging.share_window": staging.share_window}
+            "staging.share_window": staging.share_window, "staging.decoded": staging.decoded}
 
 
 def group_name(staging, world):

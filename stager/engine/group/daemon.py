@@ -64,7 +64,7 @@ class GroupService(Doorway):
         self.first_join_s = setup.get("first_join_s", FIRST_JOIN_S)
         self._setup = setup
         self._sock = sock
-        self.on_staged = self.peers = self.resizer = None
+        self.on_staged = self.peers = self.resizer = self.capacity = None
         self.probed = {}  # the founding job's probe's copies, once moved in (``start``)
         # The founder's probe, where the counts are ``auto``: every job that joins takes it (``Welcome``).
         self.rates = setup.get("rates")
@@ -88,12 +88,12 @@ class GroupService(Doorway):
             self.dirs.append(shelf_dir)
         self.shelf = Shelf(shelf_dir.path if shelf_dir else data.path, staging.share_window)
         files = self.catalog.files
-        capacity, self.ahead, window, note = staging_capacity(staging, self.local_dir, files.sizes,
+        self.capacity, self.ahead, window, note = staging_capacity(staging, self.local_dir, files.sizes,
                                                               setup["batch_size"], setup["ahead"], setup["ranks"],
                                                               setup["most"])
         if note:
             log.info("stager: %s", note)
-        self.cache = Cache(files.sizes, policy_name(staging.cache_policy, capacity), capacity, window,
+        self.cache = Cache(files.sizes, policy_name(staging.cache_policy, self.capacity), self.capacity, window,
                            self.catalog.file_index)
         tuned = setup.get("in_flight")
         self.source = open_source(self.catalog.root, setup["dataset"], staging.verify,

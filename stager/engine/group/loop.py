@@ -122,7 +122,8 @@ class GroupLoop(ServiceLoop):
         number = self.jobs.setdefault(msg.job.split(" rank ")[0], len(self.jobs))
         self.who[conn] = _Client(number)
         jobs = len({c.number for c in self.who.values()})  # this one's too
-        self.send(conn, Welcome(self.s.local_dir, self.s.ahead, rates=self.s.rates, counts=self.s.counts() + (jobs,)))
+        self.send(conn, Welcome(self.s.local_dir, self.s.ahead, rates=self.s.rates, counts=self.s.counts() + (jobs,),
+                                capacity=self.s.capacity))
         if self.failed is not None:
             self.send(conn, self.failed)
 

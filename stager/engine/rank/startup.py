@@ -32,8 +32,8 @@ from ..workers.pool import WorkerPool, children_skip_mpi
 from ... import plan as planlib
 from ...cache import MAX_DEPTH, MIN_DEPTH, Cache, depth_note, fitting_depth, lookahead_depth, policy_name, window_bytes
 from ...catalog import agreed_catalog
-from ...decoded import create as create_tier, tier_choice
-from ...formats import make_decoder
+from ...decoded import create as create_tier, create_shared, shared_note, tier_choice
+from ...formats import decoded_kind, make_decoder
 from ...errors import ConfigError, StageError
 from ...sources import open_source
 from ...storage import JobDir, agreed_job_id, staging_capacity
@@ -246,18 +246,27 @@ class Startup:
             ch.client = mpc.Client(address, family="AF_UNIX", authkey=authkey)
         return path
 
-    def _decoded_tier(self, path, spec, capacity, dataset_bytes):
-        """On the node leader: makes the job's decoded tier (``staging.decoded``) where it has room and a use."""
+    def _decoded_tier(self, path, spec, capacity, dataset_bytes, group=False):
+        """On the node leader: makes the job's decoded tier (``staging.decoded``) where it has room and a use.
+
+        Args:
+            group: ``path`` is a ``staging.share`` group's directory: the
+                tier is the group's, made by the first job that can use one.
+        """
         mode = self._staging.decoded
         options = {"hdf5_key": self._dataset.hdf5_key, "layout": self._dataset.layout}
         decoder = make_decoder(self.catalog.sample_decoder(self._loader, options), options)
         once = spec is not None and getattr(spec, "epochs", 0) - getattr(spec.start, "epoch", 0) == 1
-        budget, why = tier_choice(mode, getattr(decoder, "keeps_decoded", lambda: False)(), once, capacity, path,
-                                  dataset_bytes)
+        pure = getattr(decoder, "keeps_decoded", lambda: False)()
+        budget, why = tier_choice(mode, pure, once, capacity, path, dataset_bytes)
+        if group and pure and mode != "off":
+            kind = decoded_kind(decoder)
+            why = shared_note(create_shared(path, len(self.catalog), budget, mode, kind, why), kind, why)
+        elif budget:
+            create_tier(path, len(self.catalog), budget, mode, decoded_kind(decoder))
         self.stats.decoded_note = why
         if budget:
             log.info("stager: staging.decoded %s: %s", mode, why)
-            create_tier(path, len(self.catalog), budget, mode)
 
     def _group_measurements(self, first):
         """On the node leader, with ``auto`` counts and ``staging.share``: ``resolve``'s ``given`` and ``into``.
@@ -298,6 +307,10 @@ class Startup:
         def join():
             joined["it"] = group.join(world, self._staging, self._processes, self._dataset, self.catalog, spec,
                                       batch_size, self._ahead(), self._asked, self._group_found, self._group_setup)
+            if world.node_leader:  # before the node's ranks go on to start readers, which open the tier once
+                welcome = joined["it"][1]
+                self._decoded_tier(welcome.local_dir, spec, welcome.capacity, int(self.catalog.files.sizes.sum()),
+                                   group=True)
             return True
 
         if world.node_comm is not None and world.local_size > 1:

@@ -22,7 +22,7 @@ from .. import wire
 from ..messages import Decoded, Failure, Staged
 from ..perf.clock import Span
 from ...decoded import DecodedTier
-from ...formats import make_decoder
+from ...formats import decoded_kind, make_decoder
 from ...telemetry import NO_SPACE, PRESENT
 
 POLL_S = 0.5
@@ -130,7 +130,7 @@ def reader_main(worker, parent_pid, tasks, reply, stop, root, loader, loader_opt
     try:
         decoder = make_decoder(loader, loader_options)
         decoder.start(worker, len(rings))
-        tier = DecodedTier.open(root)
+        tier = DecodedTier.open(root, decoded_kind(decoder))
         if tier is not None and not getattr(decoder, "use_decoded", lambda tier: False)(tier):
             tier.close()
             tier = None
