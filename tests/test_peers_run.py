@@ -148,3 +148,43 @@ def test_the_measured_choice_stays_available_by_name(tmp_path):
         assert [line["samples"] for line in lines] == expected
     assert report["reads"]["source"]["files"] >= SAMPLES  # what the rates chose: at least every file once
     assert_nothing_left(tmp_path, job)
+
+
+def test_each_node_builds_later_reads_from_the_decoded_copies_of_what_its_own_ranks_read(tmp_path):
+    """With peers, each node keeps decoded copies (``staging.decoded``) of the samples its own ranks decoded, with
+    the room its capacity leaves beside the whole dataset: a later read is built from a copy exactly where a rank
+    of the same node read that sample before (give or take a sample decoded twice at an epoch's turn)."""
+    from stager.job.synth import make_dataset
+
+    make_dataset(str(tmp_path / "data"), SAMPLES, nbytes=4000, classes=4, seed=2, progress=False, fmt="jpeg")
+    catalog = Catalog.from_manifest(str(tmp_path / "data"), "manifest.tsv")
+    dataset_bytes = int(sum(int(s) for s in catalog.sizes))
+    (tmp_path / "job.yaml").write_text(f"""
+dataset: {{source: data, manifest: manifest.tsv, loader: image}}
+slowfs: {{enabled: true, open_ms: 5}}
+plan: {{batch_size: 5, epochs: {EPOCHS}, seed: 3}}
+staging: {{local_dir: local, lookahead: 4, peers: partition, decoded: "on", capacity: {dataset_bytes + (128 << 20)}}}
+""")
+    job = str(tmp_path / "job.yaml")
+    reads, staged, report = run(tmp_path, LAYOUTS["2 nodes"], job, "decoded")
+    cfg = PlanConfig(batch_size=5, epochs=EPOCHS, seed=3)
+    unique = later = 0
+    for ranks in ((0, 1), (2, 3)):  # the layout's nodes, ranks in order
+        seen = set()
+        for epoch in range(EPOCHS):
+            read = [i for r in ranks for m in plan.iterate(SAMPLES, cfg, rank=r, size=4) if m.epoch == epoch
+                    for i in m.indices]
+            later += sum(i in seen for i in read)
+            seen.update(read)
+        unique += len(seen)
+    for r, lines in reads.items():
+        expected = [[catalog.path(i) for i in m.indices] for m in plan.iterate(SAMPLES, cfg, rank=r, size=4)]
+        assert [line["samples"] for line in lines] == expected
+    from_source = Counter(f["path"] for files in staged.values() for f in files)
+    assert set(from_source.values()) == {1}, "peers still read each file from the source once"
+    decoded = report["decoded"]
+    extra = decoded["samples_kept"] - unique  # samples decoded twice at an epoch's turn, each kept
+    assert 0 <= extra and decoded["samples_from_decoded"] <= later <= decoded["samples_from_decoded"] + extra, \
+        (decoded, unique, later)
+    assert "staging.capacity" in decoded["note"] and "less the dataset's" in decoded["note"], decoded
+    assert_nothing_left(tmp_path, job)
