@@ -117,7 +117,8 @@ def test_a_damaged_record_is_refused_with_the_reason(damage):
         del buf[-9:]
     else:
         buf[0:4] = b"XXXX"
-    with pytest.raises(CorruptRecord, match={"flip": "CRC-32", "cut": "were written", "magic": "header"}[damage]):
+    why = {"flip": "hash does not match", "cut": "were written", "magic": "header"}[damage]
+    with pytest.raises(CorruptRecord, match=why):
         unpack(buf)
 
 
@@ -156,7 +157,8 @@ def test_readers_of_one_node_share_what_each_kept_and_a_corrupt_copy_is_warned_a
     data = bytearray(segment.read_bytes())
     data[1000] ^= 0xFF  # inside the first record's pixels
     segment.write_bytes(data)
-    with pytest.warns(RuntimeWarning, match=r"decoded copy of .*0\.npy \(sample 0, in .*seg-0 at byte 0\).*CRC-32"):
+    with pytest.warns(RuntimeWarning,
+                      match=r"decoded copy of .*0\.npy \(sample 0, in .*seg-0 at byte 0\).*hash does not match"):
         again = [second.load(i, path, load) for i, path in enumerate(paths)]
     assert all(np.array_equal(a, np.load(p)) for a, p in zip(again, paths)) and len(calls) == 7
     first.close()
@@ -188,7 +190,8 @@ def test_a_groups_tier_is_made_once_for_the_first_jobs_kind_and_refused_to_other
     tier = DecodedTier.open(group, "pil")
     assert tier is not None and tier.segments == first["segments"] > 0
     tier.close()
-    assert shared_note(again, "pil", "x") == "4.0 MiB: staging.capacity 8.0 MiB, less...; the group's, shared by its jobs"
+    assert shared_note(again, "pil", "x") == ("4.0 MiB: staging.capacity 8.0 MiB, less...; the group's, shared by "
+                                              "its jobs")
     assert shared_note(again, "hwc", "x").startswith("none: the group's decoded copies are another loader's (pil)")
     assert shared_note(create_shared(str(tmp_path / "none"), 10, 0, "on", "pil", "none: no room"), "pil",
                        "none: no room") == "none: no room"  # no room, and none made: the job's own reason

@@ -73,10 +73,11 @@ def test_jobs_of_a_group_build_the_groups_decoded_copies_and_another_loaders_job
     n = len(ImageFolder(root))
     assert first == same == [want(root)] * EPOCHS
     assert other == [want(root, loader=gray)] * EPOCHS
-    # The first job kept every sample in its first epoch; the second built all of its samples from those copies.
+    # The first job kept every sample in its first epoch; the second built all of its samples from those copies
+    # (its readers may have read ahead into a fourth epoch the loader plans on: those count too).
     assert first_report["samples_kept"] >= n and first_report["samples_from_decoded"] >= (EPOCHS - 1) * n - (
         first_report["samples_kept"] - n), first_report
-    assert same_report["samples_kept"] == 0 and same_report["samples_from_decoded"] == EPOCHS * n, same_report
+    assert same_report["samples_kept"] == 0 and same_report["samples_from_decoded"] >= EPOCHS * n, same_report
     assert "shared by its jobs" in same_report["note"], same_report
     assert other_report["samples_kept"] == other_report["samples_from_decoded"] == 0, other_report
     assert other_report["note"].startswith("none: the group's decoded copies are another loader's"), other_report
