@@ -89,8 +89,8 @@ class GroupService(Doorway):
         self.shelf = Shelf(shelf_dir.path if shelf_dir else data.path, staging.share_window)
         files = self.catalog.files
         self.capacity, self.ahead, window, note = staging_capacity(staging, self.local_dir, files.sizes,
-                                                              setup["batch_size"], setup["ahead"], setup["ranks"],
-                                                              setup["most"])
+                                                                   setup["batch_size"], setup["ahead"],
+                                                                   setup["ranks"], setup["most"])
         if note:
             log.info("stager: %s", note)
         self.cache = Cache(files.sizes, policy_name(staging.cache_policy, self.capacity), self.capacity, window,
