@@ -18,12 +18,17 @@ process tree; AU and samples/s per epoch are DLIO's own (its
 (DLIO's process, DataLoader workers, stager's readers and prefetchers, the
 emulator's daemon). For stager's runs the stall report's bottleneck line
 (``stager report``) says what held an epoch back. Medians over rounds.
+
+Each ``dlio_benchmark`` runs in a process group of its own, ended whole
+however this script ends (Ctrl-C, ``kill``, an error), with its temporary
+files (multiprocessing's ``pymp-*``) in the work directory, which goes too.
 """
 
 import argparse
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -57,8 +62,11 @@ def dlio(workload, data, out, *overrides, cwd):
     """Runs ``dlio_benchmark`` on ``workload``; returns its output and CPU seconds per process kind."""
     command = [os.path.join(BIN, "dlio_benchmark"), "--config-dir", CONFIGS, f"workload={workload}",
                f"hydra.run.dir={out}", f"++workload.dataset.data_folder={data}", *overrides]
-    env = dict(os.environ, PYTHONPATH=REPO)
-    proc = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    tmp = os.path.join(cwd, "tmp")  # DLIO's processes leave multiprocessing's pymp-* directories in their TMPDIR
+    os.makedirs(tmp, exist_ok=True)
+    env = dict(os.environ, PYTHONPATH=REPO, TMPDIR=tmp)
+    proc = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
     seen, stop = {}, threading.Event()
 
     def sample():
@@ -67,9 +75,12 @@ def dlio(workload, data, out, *overrides, cwd):
 
     meter = threading.Thread(target=sample, daemon=True)
     meter.start()
-    output, _ = proc.communicate()
-    stop.set()
-    meter.join()
+    try:
+        output, _ = proc.communicate()
+    finally:
+        stop.set()
+        meter.join()
+        end_group(proc)
     if proc.returncode:
         raise RuntimeError(f"dlio_benchmark {workload} failed ({proc.returncode}):\n{output[-4000:]}")
     cpu = {}
@@ -78,6 +89,26 @@ def dlio(workload, data, out, *overrides, cwd):
                 "readers" if name.startswith("stager-read") else "workers")
         cpu[kind] = round(cpu.get(kind, 0.0) + seconds, 2)
     return output, cpu
+
+
+def end_group(proc, grace_s=15.0):
+    """Ends what is left of ``proc``'s process group: all of it where this script was interrupted, else stragglers.
+
+    A running DLIO gets SIGINT first, which its Python turns into an exit
+    that finalizes MPI (mpich's segment in /dev/shm goes with it), then
+    SIGKILL after ``grace_s``.
+    """
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGINT)
+            proc.wait(timeout=grace_s)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
 
 
 def one_run(workload, loader, data, work, rounds_dir, sets=()):
@@ -117,6 +148,7 @@ def main():
     parser.add_argument("--stager-set", action="append", default=[], metavar="KEY=VALUE",
                         help="a stager setting for stager's row (++workload.stager.KEY=VALUE; the defaults without)")
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a kill runs the cleanups below: groups, mounts, work
     work = args.work or tempfile.mkdtemp(prefix="stager-dlio-bench-")
     os.makedirs(work, exist_ok=True)
     results = {"open_ms": args.open_ms, "rounds": args.rounds, "cores": len(os.sched_getaffinity(0)),
